@@ -1,0 +1,33 @@
+"""Controller-side: resolve the host's deployment with provision's models (no connection to the host)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+
+from provision.errors import InputError
+from provision.resolve import CLI_SET_VAR, HostVars, plan_host
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        host = task_vars["inventory_hostname"]
+        cli_set = self._templar.template(task_vars.get(CLI_SET_VAR) or {})
+        hostvars = HostVars(
+            host, task_vars, self._templar.template, fallback=f"inventory (host {host})", cli_set=cli_set
+        )
+        addresses = {
+            name: str(self._templar.template(hv.get("ansible_host", name)))
+            for name, hv in task_vars.get("hostvars", {}).items()
+        }
+        try:
+            plan = plan_host(hostvars, list(task_vars.get("group_names", [])), addresses)
+        except InputError as err:
+            return {**result, "failed": True, "msg": str(err)}
+        return {**result, "changed": False, "ansible_facts": {"dflash_plan": plan.model_dump(mode="json")}}

@@ -1,0 +1,25 @@
+# The work happens in the action plugin of the same name, on the control node; this file documents it.
+
+DOCUMENTATION = r"""
+module: resolve
+short_description: Resolve a host's SGLang DFlash deployment through provision's models
+description:
+  - Reads the host's C(dflash_<section>) variables, C(dflash_set) and C(dflash_cli_set), validates them with the
+    pydantic models of the C(provision) package and sets the C(dflash_plan) fact, exactly what
+    C(provision plan --host HOST --json) prints.
+  - Runs on the control node and never connects to the host.
+options: {}
+author: dflash-provision developers
+"""
+
+EXAMPLES = r"""
+- name: Resolve the deployment
+  dflash.provision.resolve:
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: C(dflash_plan), the resolved plan (hardware, toolkit, driver floor, env, argv, unit).
+  returned: success
+  type: dict
+"""

@@ -1,0 +1,122 @@
+"""`provision apply`: the host type's playbook through ansible-runner, with live per-task progress."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+from rich.console import Console
+
+from provision.files import write_atomic
+from provision.plan import Plan
+from provision.resolve import CLI_SET_VAR
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAYBOOKS = ROOT / "playbooks"
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold red", "skipped": "cyan"}
+
+
+def playbook_for(groups_by_host: dict[str, list[str]]) -> Path:
+    """The one host-type playbook every targeted host belongs to, else site.yml (all types)."""
+    types = {g for groups in groups_by_host.values() for g in groups if (PLAYBOOKS / f"{g}.yml").is_file()}
+    return PLAYBOOKS / (f"{types.pop()}.yml" if len(types) == 1 else "site.yml")
+
+
+class Progress:
+    """ansible-runner event handler: one line per task and per host result."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def __call__(self, event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {})
+        if kind == "playbook_on_play_start":
+            self.console.print(f"[bold]PLAY[/] {data.get('name', '')}")
+        elif kind == "playbook_on_task_start":
+            self.console.print(f"  [bold]TASK[/] {data.get('task', '')}")
+        elif kind.startswith("runner_on_") and kind != "runner_on_start":
+            res = data.get("res", {})
+            status = {
+                "runner_on_ok": "changed" if res.get("changed") else "ok",
+                "runner_on_failed": "ignored" if data.get("ignore_errors") else "failed",
+                "runner_on_unreachable": "unreachable",
+                "runner_on_skipped": "skipped",
+            }.get(kind)
+            if status:
+                line = f"    [{STATUS_STYLE.get(status, 'white')}]{status}[/]: {data.get('host', '')}"
+                if status in ("failed", "unreachable") and res.get("msg"):
+                    line += f" - {res['msg']}"
+                self.console.print(line, highlight=False)
+        return True
+
+
+def record_plans(plans: list[Plan], run_dir: Path) -> None:
+    """What was decided for each host, next to ansible-runner's artifacts of the same run."""
+    plan_dir = run_dir / "plans"
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    for plan in plans:
+        write_atomic(plan_dir / f"{plan.host}.json", plan.model_dump_json(indent=2) + "\n")
+
+
+def run_playbook(
+    plans: list[Plan],
+    playbook: Path,
+    inventory: Path,
+    limit: str,
+    cli_set: dict[str, str],
+    extravars: dict[str, Any],
+    check: bool,
+    diff: bool,
+    tags: str | None,
+    state_dir: Path,
+    console: Console,
+) -> int:
+    run_dir = state_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    record_plans(plans, run_dir)
+    cmdline = ["--limit", limit]
+    if check:
+        cmdline.append("--check")
+    if diff:
+        cmdline.append("--diff")
+    if tags:
+        cmdline += ["--tags", tags]
+    console.print(f"[dim]playbook {playbook.relative_to(ROOT)}, inventory {inventory}, run record {run_dir}[/]")
+    runner = ansible_runner.run(
+        private_data_dir=str(run_dir),
+        project_dir=str(ROOT),
+        playbook=str(playbook.relative_to(ROOT)),
+        inventory=str(inventory.resolve()),
+        extravars={**extravars, CLI_SET_VAR: cli_set},
+        cmdline=shlex.join(cmdline),
+        envvars={
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            # this environment's ansible-playbook first, whatever PATH says
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
+        event_handler=Progress(console),
+        quiet=True,
+    )
+    print_recap(runner.stats or {}, console)
+    if runner.rc != 0 and not runner.stats:
+        console.print(f"[bold red]ansible-playbook failed (rc {runner.rc}):[/]")
+        console.print(runner.stdout.read()[-4000:], highlight=False, markup=False)
+    return int(runner.rc or 0)
+
+
+def print_recap(stats: dict[str, dict[str, int]], console: Console) -> None:
+    hosts = sorted({h for counts in stats.values() if isinstance(counts, dict) for h in counts})
+    if not hosts:
+        return
+    console.print("[bold]PLAY RECAP[/]")
+    # ansible-runner's stats keys, in the order and with the names of Ansible's own recap line.
+    columns = [("ok", "ok"), ("changed", "changed"), ("unreachable", "dark"), ("failed", "failures"),
+               ("skipped", "skipped"), ("rescued", "rescued"), ("ignored", "ignored")]
+    for host in hosts:
+        counts = " ".join(f"{name}={stats.get(key, {}).get(host, 0)}" for name, key in columns)
+        console.print(f"{host} : {counts}", highlight=False)

@@ -1,0 +1,110 @@
+"""Read an Ansible inventory with Ansible's own API, so the CLI sees what ansible-playbook sees."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from provision.errors import InputError
+
+# An inventory Ansible cannot parse must be an error, not a warning and an empty host list.
+os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
+os.environ.setdefault("ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED", "True")
+
+from ansible.errors import AnsibleError  # noqa: E402
+from ansible.inventory.manager import InventoryManager  # noqa: E402
+from ansible.parsing.dataloader import DataLoader  # noqa: E402
+from ansible.template import Templar  # noqa: E402
+from ansible.vars.manager import VariableManager  # noqa: E402
+
+from provision.config import RuleError  # noqa: E402
+from provision.plan import Plan, check_instances  # noqa: E402
+from provision.resolve import HostVars, plan_host  # noqa: E402
+
+
+def _ansible_message(err: AnsibleError) -> tuple[str, str]:
+    """(file, first line of the reason) from an Ansible error."""
+    origin = getattr(err, "obj", None)
+    text = " ".join(str(err.message if hasattr(err, "message") else err).split())
+    path = ""
+    tag_source = getattr(origin, "path", None) or getattr(err, "_origin", None)
+    if tag_source:
+        path = str(getattr(tag_source, "path", tag_source))
+    return path, text
+
+
+class Inventory:
+    def __init__(self, path: Path) -> None:
+        if not path.exists():
+            raise InputError("--inventory", "", f"{path} does not exist; pass an inventory directory or file")
+        self.path = path
+        self.loader = DataLoader()
+        try:
+            self.manager = InventoryManager(loader=self.loader, sources=[str(path)])
+        except AnsibleError as err:
+            source, text = _ansible_message(err)
+            raise InputError(source or str(path), "", f"cannot parse the inventory: {text}") from None
+        self.variables = VariableManager(loader=self.loader, inventory=self.manager)
+
+    @property
+    def host_names(self) -> list[str]:
+        return [h.name for h in self.manager.get_hosts()]
+
+    @property
+    def group_names(self) -> list[str]:
+        return [g for g in self.manager.groups if g not in ("all", "ungrouped")]
+
+    def hosts_for(self, target: str) -> list[str]:
+        """The hosts a --host value names: a host, or every host of a group."""
+        if target in self.manager.groups:
+            hosts = [h.name for h in self.manager.groups[target].get_hosts()]
+            if hosts:
+                return hosts
+            raise InputError("--host", target, "the group has no hosts")
+        if self.manager.get_host(target) is not None:
+            return [target]
+        raise InputError(
+            "--host",
+            target,
+            f"unknown host or group; hosts: {', '.join(self.host_names) or 'none'}; "
+            f"groups: {', '.join(self.group_names) or 'none'}",
+        )
+
+    def groups_of(self, host: str) -> list[str]:
+        return sorted(g.name for g in self.manager.get_host(host).get_groups() if g.name != "all")
+
+    def _raw_vars(self, host: str) -> dict[str, Any]:
+        try:
+            return self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=False)
+        except AnsibleError as err:
+            source, text = _ansible_message(err)
+            raise InputError(source or str(self.path), "", f"cannot read variables of {host}: {text}") from None
+
+    def addresses(self) -> dict[str, str]:
+        return {h.name: str(h.vars.get("ansible_host", h.name)) for h in self.manager.get_hosts()}
+
+    def hostvars(self, host: str, cli_set: dict[str, Any]) -> HostVars:
+        raw = self._raw_vars(host)
+        templar = Templar(loader=self.loader, variables=raw)
+
+        def template(value: Any) -> Any:
+            try:
+                return templar.template(value)
+            except AnsibleError as err:
+                _, text = _ansible_message(err)
+                raise InputError(str(self.path), "", f"cannot template a variable of {host}: {text}") from None
+
+        return HostVars(host, raw, template, fallback=f"{self.path} (host {host})", cli_set=cli_set)
+
+    def plans(self, target: str, cli_set: dict[str, Any]) -> list[Plan]:
+        addresses = self.addresses()
+        plans = [
+            plan_host(self.hostvars(host, cli_set), self.groups_of(host), addresses)
+            for host in self.hosts_for(target)
+        ]
+        try:
+            check_instances(plans)
+        except RuleError as err:
+            raise InputError(str(self.path), err.field, err.message) from None
+        return plans

@@ -1,0 +1,99 @@
+"""`--set KEY=VALUE` (and the `dflash_set` variable): one value of the resolved config, by dotted path."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from provision.config import Deployment
+from provision.errors import InputError
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The concrete types an annotation admits (Optional and unions flattened)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    return [annotation]
+
+
+def leaf_types(path: list[str]) -> list[Any]:
+    """The types the field at `path` admits; raises KeyError naming the allowed keys where a step is unknown."""
+    model: type[BaseModel] = Deployment
+    types_here: list[Any] = [Deployment]
+    for i, step in enumerate(path):
+        models = [t for t in types_here if isinstance(t, type) and issubclass(t, BaseModel)]
+        dicts = [t for t in types_here if typing.get_origin(t) is dict]
+        if models:
+            model = models[0]
+            if step not in model.model_fields:
+                raise KeyError(".".join(path[:i]) or "top level", sorted(model.model_fields))
+            types_here = _unwrap(model.model_fields[step].annotation)
+        elif dicts:
+            types_here = _unwrap(typing.get_args(dicts[0])[1])
+        else:
+            raise KeyError(".".join(path[:i]), [])
+    return types_here
+
+
+def parse_value(admitted: list[Any], text: str) -> Any:
+    """YAML scalars and lists, except that a string field keeps the text as written ("12.10" stays)."""
+    if str in admitted and not ({int, float, bool} & set(admitted)):
+        if text in ("null", "~") and type(None) in admitted:
+            return None
+        return text
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def split_set(items: list[str], source: str = "--set") -> dict[str, str]:
+    """`KEY=VALUE` items as {dotted key: text}; the keys are checked where they are applied."""
+    result: dict[str, str] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(source, item, "expected KEY=VALUE, like serve.port=30001")
+        result[key.strip()] = text
+    return result
+
+
+def check_key(key: str, value: Any, source: str) -> Any:
+    """The value for a known dotted key (text parsed to the field's type); unknown keys are refused."""
+    try:
+        admitted = leaf_types(key.split("."))
+    except KeyError as err:
+        where, allowed = err.args
+        hint = f"allowed under {where}: {', '.join(allowed)}" if allowed else f"{where} takes no sub-keys"
+        raise InputError(source, key, f"unknown key; {hint}") from None
+    return parse_value(admitted, value) if isinstance(value, str) else value
+
+
+def apply(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `data` with each dotted key set (intermediate sections created as needed)."""
+    out = _copy(data)
+    for key, value in overrides.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for step in parents:
+            child = node.get(step)
+            if not isinstance(child, dict):
+                child = {}
+                node[step] = child
+            node = child
+        node[leaf] = value
+    return out
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value

@@ -1,0 +1,278 @@
+"""Resolve a validated Deployment into the Plan: what gets installed, why, and what runs.
+
+The plan is what `provision plan` prints and what the Ansible roles consume as the `dflash_plan`
+fact, so both paths act on one decision.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from provision.config import Deployment, RuleError
+from provision.render import argv_for, env_file_text, unit_text
+from provision.tables import builds, compat, version_tuple
+
+
+class GpuPlan(BaseModel):
+    model: str
+    arch: str
+    sm: str
+    count: int
+    memory_gb: int
+    interconnect: str
+
+
+class CudaPlan(BaseModel):
+    version: str
+    home: str
+    method: str
+    arch_min: str
+    reason: str
+
+
+class DriverPlan(BaseModel):
+    min: str
+    branch: str
+    reason: str
+
+
+class TritonPlan(BaseModel):
+    version: str
+    target: str
+    ptxas_override: bool
+    reason: str
+
+
+class FlashinferPlan(BaseModel):
+    version: str
+    arch_list: str
+    workspace_base: str
+
+
+class SglangPlan(BaseModel):
+    source: str
+    version: str
+    git_url: str | None
+    git_ref: str | None
+    wheel: str | None
+    dialect: str
+    torch: str
+    torch_cuda: str
+
+
+class NodePlan(BaseModel):
+    nnodes: int
+    node_rank: int
+    dist_init_addr: str
+
+
+class Plan(BaseModel):
+    host: str
+    groups: list[str]
+    gpu: GpuPlan
+    cuda: CudaPlan
+    driver: DriverPlan
+    triton: TritonPlan
+    flashinfer: FlashinferPlan
+    sglang: SglangPlan
+    multinode: NodePlan | None
+    config: Deployment
+    env: dict[str, str]
+    argv: list[str]
+    env_file: str
+    unit: str
+    notes: list[str]
+
+
+def choose_cuda(dep: Deployment) -> CudaPlan:
+    """The toolkit: the pin if any, else the torch build's CUDA, raised to the arch's minimum."""
+    first = compat().archs[dep.gpu.arch].first_cuda
+    torch_cuda = dep.torch_cuda
+    sm = dep.gpu.sm
+    if dep.cuda.version is not None:
+        version = dep.cuda.version
+        reason = f"pinned (cuda.version); {sm} needs >= {first}"
+    else:
+        same_major = [
+            v
+            for v in compat().toolkits
+            if version_tuple(v)[0] == version_tuple(torch_cuda)[0] and version_tuple(v) >= version_tuple(first)
+        ]
+        if not same_major:
+            raise RuleError(
+                "cuda.version",
+                f"no supported toolkit compiles {sm} (needs >= {first}) and matches torch's CUDA {torch_cuda}",
+            )
+        version = torch_cuda if torch_cuda in same_major else min(same_major, key=version_tuple)
+        reason = (
+            f"{sm} needs >= {first}; SGLang {dep.sglang.release_name} runs torch built for CUDA {torch_cuda}, "
+            f"so kernels are JIT-built with CUDA {version}"
+        )
+    return CudaPlan(
+        version=version,
+        home=dep.cuda.home or f"/usr/local/cuda-{version}",
+        method=dep.cuda.method,
+        arch_min=first,
+        reason=reason,
+    )
+
+
+def driver_floor(dep: Deployment, cuda: CudaPlan) -> DriverPlan:
+    """The newest floor of the toolkit and of torch's CUDA build: both run on this driver."""
+    toolkits = compat().toolkits
+    needs = {cuda.version, dep.torch_cuda} & set(toolkits)
+    top = max(needs, key=lambda v: version_tuple(toolkits[v].driver_min))
+    info = toolkits[top]
+    return DriverPlan(
+        min=info.driver_min,
+        branch=info.driver_branch,
+        reason=f"CUDA {top} ships with {info.driver_branch} (>= {info.driver_min})",
+    )
+
+
+def _bundled_ptxas(dep: Deployment, triton_version: str) -> tuple[str, str | None]:
+    """(which binary Triton uses for this arch, the CUDA version it comes from, if known)."""
+    minor = ".".join(triton_version.split(".")[:2])
+    entry = compat().triton_ptxas.get(minor)
+    if entry is None:
+        return "ptxas", None
+    if version_tuple(dep.gpu.arch) >= (10, 0) and entry.ptxas_blackwell:
+        return "ptxas-blackwell", entry.ptxas_blackwell
+    return "ptxas", entry.ptxas
+
+
+def plan_triton(dep: Deployment) -> TritonPlan:
+    version = dep.triton.version or builds().releases[dep.sglang.release_name].triton
+    target = dep.gpu.sm + ("a" if version_tuple(dep.gpu.arch) >= (9, 0) else "")
+    first = compat().archs[dep.gpu.arch].first_cuda
+    binary, bundled = _bundled_ptxas(dep, version)
+    knows = bundled is not None and version_tuple(bundled) >= version_tuple(first)
+    mode = dep.triton.ptxas
+    if bundled is None and mode == "auto":
+        raise RuleError(
+            "triton.version",
+            f"no ptxas facts for Triton {version}; known: {', '.join(compat().triton_ptxas)}; "
+            "or set triton.ptxas to toolkit or bundled",
+        )
+    if mode == "bundled" and not knows:
+        raise RuleError(
+            "triton.ptxas",
+            f"Triton {version}'s bundled {binary} (CUDA {bundled}) cannot assemble {target}; allowed: auto, toolkit",
+        )
+    verdict = "knows" if knows else "is too old for"
+    bundled_says = f"Triton {version}'s bundled {binary} (CUDA {bundled}) {verdict} {target}"
+    if mode == "toolkit":
+        override, reason = True, f"forced (triton.ptxas=toolkit); {bundled_says}"
+    elif mode == "bundled":
+        override, reason = False, f"bundled (triton.ptxas=bundled); {bundled_says}"
+    else:
+        override, reason = not knows, bundled_says
+    return TritonPlan(version=version, target=target, ptxas_override=override, reason=reason)
+
+
+def flashinfer_arch(arch: str, cuda_version: str) -> str:
+    """FlashInfer's spelling: 10.x -> 10.xa; 12.x -> 12.xf from CUDA 12.9 on (12.xa before); 9.0 -> 9.0a."""
+    cc = version_tuple(arch)
+    if cc >= (12, 0):
+        return arch + ("f" if version_tuple(cuda_version) >= (12, 9) else "a")
+    return arch + ("a" if cc >= (9, 0) else "")
+
+
+def plan_nodes(dep: Deployment, host: str, addresses: dict[str, str]) -> NodePlan | None:
+    if dep.multinode is None:
+        return None
+    nodes = dep.multinode.nodes
+    if host not in nodes:
+        raise RuleError("multinode.nodes", f"{host} is not one of the instance's nodes ({', '.join(nodes)})")
+    unknown = [n for n in nodes if n not in addresses]
+    if unknown:
+        raise RuleError("multinode.nodes", f"not in the inventory: {', '.join(unknown)}")
+    head = dep.multinode.init_addr or addresses[nodes[0]]
+    return NodePlan(nnodes=len(nodes), node_rank=nodes.index(host), dist_init_addr=f"{head}:{dep.multinode.init_port}")
+
+
+def build_plan(dep: Deployment, host: str, groups: list[str], addresses: dict[str, str]) -> Plan:
+    """addresses: inventory host name -> the address it is reached at (for multi-node init)."""
+    cuda = choose_cuda(dep)
+    triton = plan_triton(dep)
+    release = builds().releases[dep.sglang.release_name]
+    flashinfer = FlashinferPlan(
+        version=release.flashinfer,
+        arch_list=dep.flashinfer.arch_list or flashinfer_arch(dep.gpu.arch, cuda.version),
+        workspace_base=dep.flashinfer.workspace_base,
+    )
+    nodes = plan_nodes(dep, host, addresses)
+    dialect = builds().resolved_dialect(dep.sglang.dialect_name)
+    spelling = dialect.algorithms.get(dep.serve.algorithm)
+    notes = [spelling.note] if spelling and spelling.note else []
+    if dep.serve.speculative and dep.drafter and dep.serve.block_size > dep.drafter.block_size:
+        notes.append(
+            f"block size {dep.serve.block_size} exceeds the drafter's trained {dep.drafter.block_size} "
+            "(allowed by serve.allow_untrained_depth): expect low acceptance at the untrained depths"
+        )
+    argv, algo_env = argv_for(dep, dialect, nodes)
+    env = _environment(dep, cuda, triton, flashinfer, algo_env)
+    plan_fields = dict(
+        host=host,
+        groups=groups,
+        gpu=GpuPlan(**dep.gpu.model_dump(), sm=dep.gpu.sm),
+        cuda=cuda,
+        driver=driver_floor(dep, cuda),
+        triton=triton,
+        flashinfer=flashinfer,
+        sglang=SglangPlan(
+            source=dep.sglang.source,
+            version=dep.sglang.release_name,
+            git_url=dep.sglang.git_url if dep.sglang.source == "git" else None,
+            git_ref=dep.sglang.git_ref if dep.sglang.source == "git" else None,
+            wheel=dep.sglang.wheel if dep.sglang.source == "wheel" else None,
+            dialect=dep.sglang.dialect_name,
+            torch=release.torch,
+            torch_cuda=dep.torch_cuda,
+        ),
+        multinode=nodes,
+        config=dep,
+        env=env,
+        argv=argv,
+        notes=notes,
+    )
+    return Plan(**plan_fields, env_file=env_file_text(env), unit=unit_text(dep, argv))
+
+
+def _environment(
+    dep: Deployment, cuda: CudaPlan, triton: TritonPlan, flashinfer: FlashinferPlan, algo_env: dict[str, str]
+) -> dict[str, str]:
+    env = {
+        "CUDA_HOME": cuda.home,
+        # ninja and nvcc must be found by FlashInfer's JIT; systemd's default PATH has neither.
+        "PATH": f"{dep.service.venv}/bin:{cuda.home}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "TORCH_CUDA_ARCH_LIST": dep.gpu.arch + ("a" if version_tuple(dep.gpu.arch) >= (9, 0) else ""),
+        "TRITON_CACHE_DIR": dep.triton.cache_dir,
+        "FLASHINFER_CUDA_ARCH_LIST": flashinfer.arch_list,
+        "FLASHINFER_WORKSPACE_BASE": flashinfer.workspace_base,
+    }
+    if triton.ptxas_override:
+        env["TRITON_PTXAS_PATH"] = f"{cuda.home}/bin/ptxas"
+        if version_tuple(dep.gpu.arch) >= (10, 0):
+            env["TRITON_PTXAS_BLACKWELL_PATH"] = f"{cuda.home}/bin/ptxas"
+    if dep.serve.nccl_p2p_disable:
+        env["NCCL_P2P_DISABLE"] = "1"
+    return {**env, **algo_env, **dep.serve.env}
+
+
+def check_instances(plans: list[Plan]) -> None:
+    """Hosts that form one multi-node instance must agree on it and be planned together."""
+    by_host = {p.host: p for p in plans}
+    for plan in plans:
+        mn = plan.config.multinode
+        if mn is None:
+            continue
+        for node in mn.nodes:
+            other = by_host.get(node)
+            if other is None:
+                continue
+            if other.config.multinode != mn or other.config.serve != plan.config.serve:
+                raise RuleError(
+                    "multinode.nodes",
+                    f"{plan.host} and {node} are nodes of one instance but their multinode or serve settings differ",
+                )

@@ -1,0 +1,151 @@
+"""Host variables -> validated Deployment -> Plan, shared by the CLI and the Ansible action plugin.
+
+Every error names where the value came from: the inventory file and line (Ansible's origin tags),
+the `dflash_set` entry, or the `--set` option.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ansible._internal._datatag._tags import Origin
+from pydantic import ValidationError
+
+from provision import overrides
+from provision.config import Deployment, RuleError
+from provision.errors import InputError
+from provision.plan import Plan, build_plan
+
+PREFIX = "dflash_"
+SECTIONS = tuple(Deployment.model_fields)
+SET_VAR = "dflash_set"
+# `provision apply --set` reaches the playbook under its own name, so that it is applied after a
+# host's dflash_set (extra vars would otherwise replace that variable whole).
+CLI_SET_VAR = "dflash_cli_set"
+# Variables of ours that are not deployment sections: the overrides and what the playbooks set.
+OTHER_VARS = (SET_VAR, CLI_SET_VAR, "dflash_plan")
+
+
+def _origin(value: Any) -> str | None:
+    tag = Origin.get_tag(value)
+    if tag is None or not tag.path:
+        return None
+    path = os.path.relpath(tag.path) if tag.path.startswith(os.getcwd() + os.sep) else tag.path
+    return f"{path}:{tag.line_num}" if tag.line_num else path
+
+
+class HostVars:
+    """One host's raw (untemplated) variables and how to template them."""
+
+    def __init__(
+        self,
+        host: str,
+        raw: Mapping[str, Any],
+        template: Callable[[Any], Any],
+        fallback: str,
+        cli_set: Mapping[str, Any] | None = None,
+        cli_source: str = "--set",
+    ) -> None:
+        self.host = host
+        self.raw = raw
+        self.template = template
+        self.fallback = fallback
+        self.cli_source = cli_source
+        self.cli_set = {k: overrides.check_key(k, v, cli_source) for k, v in (cli_set or {}).items()}
+
+    def _check_names(self) -> None:
+        known = [PREFIX + s for s in SECTIONS] + list(OTHER_VARS)
+        for name in self.raw:
+            if name.startswith(PREFIX) and name not in known:
+                source = _origin(self.raw[name]) or self.fallback
+                raise InputError(source, name, f"unknown variable; known: {', '.join(known)}")
+
+    def _host_set(self) -> dict[str, Any]:
+        raw = self.raw.get(SET_VAR)
+        if raw is None:
+            return {}
+        source = _origin(raw) or self.fallback
+        value = self.template(raw)
+        if not isinstance(value, Mapping):
+            raise InputError(source, SET_VAR, "must be a mapping of dotted keys to values, like {serve.port: 30001}")
+        return {str(k): overrides.check_key(str(k), v, source) for k, v in value.items()}
+
+    def data(self) -> dict[str, Any]:
+        self._check_names()
+        data: dict[str, Any] = {}
+        for section in SECTIONS:
+            raw = self.raw.get(PREFIX + section)
+            if raw is None:
+                continue
+            value = self.template(raw)
+            if not isinstance(value, Mapping):
+                source = _origin(raw) or self.fallback
+                raise InputError(source, PREFIX + section, f"must be a mapping, got {type(value).__name__}")
+            data[section] = dict(value)
+        return overrides.apply(overrides.apply(data, self._host_set()), self.cli_set)
+
+    def blame(self, field: str) -> tuple[str, str]:
+        """(source, field as the user wrote it) for a dotted config field."""
+        parts = field.split(".")
+        for i in range(len(parts), 0, -1):
+            key = ".".join(parts[:i])
+            if key in self.cli_set:
+                return f"{self.cli_source} {key}={self.cli_set[key]}", field
+        host_set = self.raw.get(SET_VAR)
+        if isinstance(host_set, Mapping):
+            for i in range(len(parts), 0, -1):
+                key = ".".join(parts[:i])
+                if key in host_set:
+                    return (_origin(host_set[key]) or _origin(host_set) or self.fallback), f"{SET_VAR}[{key}]"
+        node: Any = self.raw.get(PREFIX + parts[0])
+        source = _origin(node)
+        for step in parts[1:]:
+            if not isinstance(node, Mapping) or step not in node:
+                break
+            node = node[step]
+            source = _origin(node) or source
+        return source or self.fallback, PREFIX + field
+
+    def deployment(self) -> Deployment:
+        data = self.data()
+        try:
+            return Deployment.model_validate(data)
+        except RuleError as err:
+            raise self.error(err.field, err.message) from None
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+            raise self.error(field, _describe(first) + more) from None
+
+    def error(self, field: str, message: str) -> InputError:
+        source, shown = self.blame(field)
+        return InputError(source, shown, message)
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    kind, loc = error["type"], [str(p) for p in error["loc"]]
+    if kind == "extra_forbidden":
+        try:
+            allowed = overrides.leaf_types(loc[:-1])
+            names = sorted(allowed[0].model_fields) if hasattr(allowed[0], "model_fields") else []
+        except KeyError:
+            names = []
+        return "unknown key" + (f"; allowed: {', '.join(names)}" if names else "")
+    if kind == "missing":
+        return "required"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    value = error.get("input")
+    if isinstance(value, (str, int, float, bool)) and kind not in ("value_error",):
+        message += f" (got {value!r})"
+    return message
+
+
+def plan_host(hostvars: HostVars, groups: list[str], addresses: dict[str, str]) -> Plan:
+    dep = hostvars.deployment()
+    try:
+        return build_plan(dep, hostvars.host, groups, addresses)
+    except RuleError as err:
+        raise hostvars.error(err.field, err.message) from None
