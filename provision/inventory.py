@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +24,26 @@ from ansible.vars.manager import VariableManager  # noqa: E402
 
 from provision.config import RuleError  # noqa: E402
 from provision.plan import Plan, check_instances  # noqa: E402
-from provision.resolve import HostVars, plan_host  # noqa: E402
+from provision.resolve import HostVars, origin_of, plan_host  # noqa: E402
 
 
-def _ansible_message(err: AnsibleError) -> tuple[str, str]:
-    """(file, first line of the reason) from an Ansible error."""
-    origin = getattr(err, "obj", None)
-    text = " ".join(str(err.message if hasattr(err, "message") else err).split())
-    path = ""
-    tag_source = getattr(origin, "path", None) or getattr(err, "_origin", None)
-    if tag_source:
-        path = str(getattr(tag_source, "path", tag_source))
-    return path, text
+def _ansible_message(err: BaseException) -> tuple[str, str]:
+    """(file:line, the reason on one line) from an Ansible error or the first of its causes that knows."""
+    cause: BaseException | None = err
+    while cause is not None:
+        where = origin_of(getattr(cause, "obj", None))
+        if where:
+            return where, " ".join(str(getattr(cause, "message", cause)).split())
+        cause = cause.__cause__ or cause.__context__
+    return "", " ".join(str(getattr(err, "message", err)).split())
+
+
+@contextmanager
+def _quiet_ansible() -> Iterator[io.StringIO]:
+    """Ansible prints a warning per inventory plugin it tried; the error we raise says it once."""
+    buffer = io.StringIO()
+    with redirect_stderr(buffer), redirect_stdout(buffer):
+        yield buffer
 
 
 class Inventory:
@@ -41,11 +53,23 @@ class Inventory:
         self.path = path
         self.loader = DataLoader()
         try:
-            self.manager = InventoryManager(loader=self.loader, sources=[str(path)])
+            with _quiet_ansible():
+                self.manager = InventoryManager(loader=self.loader, sources=[str(path)])
         except AnsibleError as err:
-            source, text = _ansible_message(err)
-            raise InputError(source or str(path), "", f"cannot parse the inventory: {text}") from None
+            raise self._unparsed(err) from None
         self.variables = VariableManager(loader=self.loader, inventory=self.manager)
+
+    def _unparsed(self, err: AnsibleError) -> InputError:
+        """Ansible only says which source failed (the reason went to warnings): re-read it for the reason."""
+        failed = re.search(r"inventory source (\S+)$", str(err.message))
+        if failed:
+            try:
+                self.loader.load_from_file(failed.group(1))
+            except AnsibleError as yaml_err:
+                source, text = _ansible_message(yaml_err)
+                return InputError(source or failed.group(1), "", f"cannot parse the inventory: {text}")
+        source, text = _ansible_message(err)
+        return InputError(source or str(self.path), "", f"cannot parse the inventory: {text}")
 
     @property
     def host_names(self) -> list[str]:
@@ -76,7 +100,8 @@ class Inventory:
 
     def _raw_vars(self, host: str) -> dict[str, Any]:
         try:
-            return self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=False)
+            with _quiet_ansible():
+                return self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=False)
         except AnsibleError as err:
             source, text = _ansible_message(err)
             raise InputError(source or str(self.path), "", f"cannot read variables of {host}: {text}") from None

@@ -28,8 +28,9 @@ CLI_SET_VAR = "dflash_cli_set"
 OTHER_VARS = (SET_VAR, CLI_SET_VAR, "dflash_plan")
 
 
-def _origin(value: Any) -> str | None:
-    tag = Origin.get_tag(value)
+def origin_of(value: Any) -> str | None:
+    """"file:line" where Ansible loaded a value from (or of an Origin itself), if it knows."""
+    tag = value if isinstance(value, Origin) else Origin.get_tag(value)
     if tag is None or not tag.path:
         return None
     path = os.path.relpath(tag.path) if tag.path.startswith(os.getcwd() + os.sep) else tag.path
@@ -59,14 +60,14 @@ class HostVars:
         known = [PREFIX + s for s in SECTIONS] + list(OTHER_VARS)
         for name in self.raw:
             if name.startswith(PREFIX) and name not in known:
-                source = _origin(self.raw[name]) or self.fallback
+                source = origin_of(self.raw[name]) or self.fallback
                 raise InputError(source, name, f"unknown variable; known: {', '.join(known)}")
 
     def _host_set(self) -> dict[str, Any]:
         raw = self.raw.get(SET_VAR)
         if raw is None:
             return {}
-        source = _origin(raw) or self.fallback
+        source = origin_of(raw) or self.fallback
         value = self.template(raw)
         if not isinstance(value, Mapping):
             raise InputError(source, SET_VAR, "must be a mapping of dotted keys to values, like {serve.port: 30001}")
@@ -81,7 +82,7 @@ class HostVars:
                 continue
             value = self.template(raw)
             if not isinstance(value, Mapping):
-                source = _origin(raw) or self.fallback
+                source = origin_of(raw) or self.fallback
                 raise InputError(source, PREFIX + section, f"must be a mapping, got {type(value).__name__}")
             data[section] = dict(value)
         return overrides.apply(overrides.apply(data, self._host_set()), self.cli_set)
@@ -98,14 +99,14 @@ class HostVars:
             for i in range(len(parts), 0, -1):
                 key = ".".join(parts[:i])
                 if key in host_set:
-                    return (_origin(host_set[key]) or _origin(host_set) or self.fallback), f"{SET_VAR}[{key}]"
+                    return (origin_of(host_set[key]) or origin_of(host_set) or self.fallback), f"{SET_VAR}[{key}]"
         node: Any = self.raw.get(PREFIX + parts[0])
-        source = _origin(node)
+        source = origin_of(node)
         for step in parts[1:]:
             if not isinstance(node, Mapping) or step not in node:
                 break
             node = node[step]
-            source = _origin(node) or source
+            source = origin_of(node) or source
         return source or self.fallback, PREFIX + field
 
     def deployment(self) -> Deployment:

@@ -1,0 +1,63 @@
+"""Shared fixtures: a copy of the real inventory whose hosts are this machine (never the placeholders)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provision.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LOCAL_HOSTS = {
+    "all": {
+        # connection=local and controller-only tasks: nothing leaves this machine
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "children": {
+            "rtx6000": {"hosts": {"rtx-test": None}},
+            "b300": {"hosts": {"b300-test": None}},
+        },
+    }
+}
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    """The repository's group_vars with local test hosts."""
+    inv = tmp_path / "inventory"
+    shutil.copytree(ROOT / "inventory", inv)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(LOCAL_HOSTS, sort_keys=False))
+    return inv
+
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Run:
+    """Run the CLI in-process: (exit code, stdout, stderr)."""
+
+    def _run(*argv: str) -> tuple[int, str, str]:
+        try:
+            rc = main(list(argv))
+        except SystemExit as exc:  # argparse
+            rc = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return _run
+
+
+@pytest.fixture
+def plan_json(run: Run) -> Callable[..., dict]:
+    def _plan(*argv: str) -> dict:
+        rc, out, err = run("plan", "--json", *argv)
+        assert rc == 0, err
+        return json.loads(out)
+
+    return _plan
