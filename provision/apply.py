@@ -115,8 +115,15 @@ def print_recap(stats: dict[str, dict[str, int]], console: Console) -> None:
         return
     console.print("[bold]PLAY RECAP[/]")
     # ansible-runner's stats keys, in the order and with the names of Ansible's own recap line.
-    columns = [("ok", "ok"), ("changed", "changed"), ("unreachable", "dark"), ("failed", "failures"),
-               ("skipped", "skipped"), ("rescued", "rescued"), ("ignored", "ignored")]
+    columns = [
+        ("ok", "ok"),
+        ("changed", "changed"),
+        ("unreachable", "dark"),
+        ("failed", "failures"),
+        ("skipped", "skipped"),
+        ("rescued", "rescued"),
+        ("ignored", "ignored"),
+    ]
     for host in hosts:
         counts = " ".join(f"{name}={stats.get(key, {}).get(host, 0)}" for name, key in columns)
         console.print(f"{host} : {counts}", highlight=False)

@@ -70,7 +70,9 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         if len(plans) == 1:
             print(plans[0].model_dump_json(indent=2))
         else:
-            print(json.dumps({"target": args.host, "hosts": {p.host: p.model_dump(mode="json") for p in plans}}, indent=2))
+            print(
+                json.dumps({"target": args.host, "hosts": {p.host: p.model_dump(mode="json") for p in plans}}, indent=2)
+            )
         return 0
     for plan in plans:
         print_plan(plan, console)

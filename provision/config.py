@@ -103,9 +103,7 @@ class SglangBuild(Section):
             field = "sglang.version" if self.source == "release" else "sglang.base_release"
             raise RuleError(field, f"unknown release {release!r}; known: {', '.join(table.releases)}")
         if self.source != "release" and self.dialect is None:
-            raise RuleError(
-                "sglang.dialect", f"required for a {self.source} build; known: {', '.join(table.dialects)}"
-            )
+            raise RuleError("sglang.dialect", f"required for a {self.source} build; known: {', '.join(table.dialects)}")
         if self.dialect is not None and self.dialect not in table.dialects:
             raise RuleError("sglang.dialect", f"unknown dialect {self.dialect!r}; known: {', '.join(table.dialects)}")
         return self

@@ -125,8 +125,7 @@ class Inventory:
     def plans(self, target: str, cli_set: dict[str, Any]) -> list[Plan]:
         addresses = self.addresses()
         plans = [
-            plan_host(self.hostvars(host, cli_set), self.groups_of(host), addresses)
-            for host in self.hosts_for(target)
+            plan_host(self.hostvars(host, cli_set), self.groups_of(host), addresses) for host in self.hosts_for(target)
         ]
         try:
             check_instances(plans)

@@ -97,9 +97,7 @@ def env_file_text(env: dict[str, str]) -> str:
 
 
 _templates = jinja2.Environment(
-    loader=jinja2.FunctionLoader(
-        lambda name: resources.files("provision").joinpath("templates", name).read_text()
-    ),
+    loader=jinja2.FunctionLoader(lambda name: resources.files("provision").joinpath("templates", name).read_text()),
     undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True,
     trim_blocks=True,

@@ -29,7 +29,7 @@ OTHER_VARS = (SET_VAR, CLI_SET_VAR, "dflash_plan")
 
 
 def origin_of(value: Any) -> str | None:
-    """"file:line" where Ansible loaded a value from (or of an Origin itself), if it knows."""
+    """ "file:line" where Ansible loaded a value from (or of an Origin itself), if it knows."""
     tag = value if isinstance(value, Origin) else Origin.get_tag(value)
     if tag is None or not tag.path:
         return None

@@ -17,13 +17,20 @@ def _facts(plan: Plan) -> Table:
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column(overflow="fold")
     gpu, cuda, drv, tri, fi, sgl = plan.gpu, plan.cuda, plan.driver, plan.triton, plan.flashinfer, plan.sglang
-    table.add_row("hardware", f"{gpu.count}x {gpu.model}, compute {gpu.arch} ({gpu.sm}), {gpu.memory_gb} GB, {gpu.interconnect}")
+    table.add_row(
+        "hardware", f"{gpu.count}x {gpu.model}, compute {gpu.arch} ({gpu.sm}), {gpu.memory_gb} GB, {gpu.interconnect}"
+    )
     table.add_row("CUDA", f"{cuda.version} at {cuda.home} via {cuda.method}: {cuda.reason}")
     table.add_row("driver", f">= {drv.min} ({drv.branch}): {drv.reason}")
-    table.add_row("Triton", f"{tri.version}, target {tri.target}, ptxas override {'on' if tri.ptxas_override else 'off'}: {tri.reason}")
+    table.add_row(
+        "Triton",
+        f"{tri.version}, target {tri.target}, ptxas override {'on' if tri.ptxas_override else 'off'}: {tri.reason}",
+    )
     table.add_row("FlashInfer", f"{fi.version}, FLASHINFER_CUDA_ARCH_LIST={fi.arch_list}")
     build = {"release": sgl.version, "git": f"{sgl.git_url} @ {sgl.git_ref}", "wheel": sgl.wheel}[sgl.source]
-    table.add_row("SGLang", f"{sgl.source} {build} (dialect {sgl.dialect}; torch {sgl.torch} for CUDA {sgl.torch_cuda})")
+    table.add_row(
+        "SGLang", f"{sgl.source} {build} (dialect {sgl.dialect}; torch {sgl.torch} for CUDA {sgl.torch_cuda})"
+    )
     serve = plan.config.serve
     parallel = f"tp {serve.tp}, ep {serve.ep}, pp {serve.pp}, dp-attention {'on' if serve.dp_attention else 'off'}"
     table.add_row("parallelism", parallel)

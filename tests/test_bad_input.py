@@ -70,26 +70,84 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 # (file under the inventory, old text, new text, what the message must name)
 BAD_FILES = [
-    ("group_vars/b300.yml", "  tp: 8\n", "  tp: 8\n  tp_size: 8\n", ["group_vars/b300.yml", "dflash_serve.tp_size", "unknown key"]),
-    ("group_vars/b300.yml", "  count: 8\n", "  count: 0\n", ["group_vars/b300.yml:5", "dflash_gpu.count", "greater than or equal to 1"]),
+    (
+        "group_vars/b300.yml",
+        "  tp: 8\n",
+        "  tp: 8\n  tp_size: 8\n",
+        ["group_vars/b300.yml", "dflash_serve.tp_size", "unknown key"],
+    ),
+    (
+        "group_vars/b300.yml",
+        "  count: 8\n",
+        "  count: 0\n",
+        ["group_vars/b300.yml:5", "dflash_gpu.count", "greater than or equal to 1"],
+    ),
     ("group_vars/b300.yml", "  count: 8\n", "  count: [8\n", ["group_vars/b300.yml:", "YAML parsing failed"]),
-    ("group_vars/b300.yml", "dflash_serve:\n", "dflash_serv:\n", ["group_vars/b300.yml", "dflash_serv", "unknown variable"]),
-    ("group_vars/b300.yml", "dflash_triton:\n  ptxas: toolkit\n", "dflash_triton: toolkit\n", ["dflash_triton", "must be a mapping"]),
-    ("group_vars/b300.yml", '  arch: "10.3"\n', '  arch: "10.3"\n  vram: 1\n', ["dflash_gpu.vram", "allowed: arch, count, interconnect, memory_gb, model"]),
-    ("group_vars/b300.yml", "  block_size: 8\n  draft_window: 2048\n", "  block_size: 8\n  draft_window: 6\n", ["group_vars/b300.yml:", "dflash_serve.draft_window"]),
-    ("group_vars/all.yml", "  block_size: 8\n", "  block_size: 4\n", ["group_vars/b300.yml:", "dflash_serve.block_size", "trained block size 4"]),
-    ("group_vars/all.yml", "  path: /models/Kimi-K2.6\n", "  path: models/Kimi-K2.6\n", ["group_vars/all.yml", "dflash_model.path", "absolute"]),
-    ("group_vars/all.yml", "  git_ref: refs/pull/29907/head\n", "", ["dflash_sglang.git_ref", "required when source is git"]),
+    (
+        "group_vars/b300.yml",
+        "dflash_serve:\n",
+        "dflash_serv:\n",
+        ["group_vars/b300.yml", "dflash_serv", "unknown variable"],
+    ),
+    (
+        "group_vars/b300.yml",
+        "dflash_triton:\n  ptxas: toolkit\n",
+        "dflash_triton: toolkit\n",
+        ["dflash_triton", "must be a mapping"],
+    ),
+    (
+        "group_vars/b300.yml",
+        '  arch: "10.3"\n',
+        '  arch: "10.3"\n  vram: 1\n',
+        ["dflash_gpu.vram", "allowed: arch, count, interconnect, memory_gb, model"],
+    ),
+    (
+        "group_vars/b300.yml",
+        "  block_size: 8\n  draft_window: 2048\n",
+        "  block_size: 8\n  draft_window: 6\n",
+        ["group_vars/b300.yml:", "dflash_serve.draft_window"],
+    ),
+    (
+        "group_vars/all.yml",
+        "  block_size: 8\n",
+        "  block_size: 4\n",
+        ["group_vars/b300.yml:", "dflash_serve.block_size", "trained block size 4"],
+    ),
+    (
+        "group_vars/all.yml",
+        "  path: /models/Kimi-K2.6\n",
+        "  path: models/Kimi-K2.6\n",
+        ["group_vars/all.yml", "dflash_model.path", "absolute"],
+    ),
+    (
+        "group_vars/all.yml",
+        "  git_ref: refs/pull/29907/head\n",
+        "",
+        ["dflash_sglang.git_ref", "required when source is git"],
+    ),
     ("hosts.yml", "b300-test:", "b300-test: [", ["hosts.yml:", "cannot parse the inventory"]),
-    ("group_vars/b300.yml", "dflash_gpu:\n", "dflash_set: notamapping\ndflash_gpu:\n", ["group_vars/b300.yml", "dflash_set", "must be a mapping"]),
-    ("group_vars/b300.yml", "dflash_gpu:\n", "dflash_set: {serve.tp_size: 2}\ndflash_gpu:\n", ["group_vars/b300.yml", "serve.tp_size", "unknown key"]),
-    ("group_vars/b300.yml", "dflash_gpu:\n", "dflash_set: {serve.tp: 9}\ndflash_gpu:\n", ["group_vars/b300.yml:2", "dflash_set[serve.tp]", "needs more GPUs"]),
+    (
+        "group_vars/b300.yml",
+        "dflash_gpu:\n",
+        "dflash_set: notamapping\ndflash_gpu:\n",
+        ["group_vars/b300.yml", "dflash_set", "must be a mapping"],
+    ),
+    (
+        "group_vars/b300.yml",
+        "dflash_gpu:\n",
+        "dflash_set: {serve.tp_size: 2}\ndflash_gpu:\n",
+        ["group_vars/b300.yml", "serve.tp_size", "unknown key"],
+    ),
+    (
+        "group_vars/b300.yml",
+        "dflash_gpu:\n",
+        "dflash_set: {serve.tp: 9}\ndflash_gpu:\n",
+        ["group_vars/b300.yml:2", "dflash_set[serve.tp]", "needs more GPUs"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "old", "new", "expected"), BAD_FILES, ids=[f"{n}:{e[1]}" for n, _, _, e in BAD_FILES]
-)
+@pytest.mark.parametrize(("name", "old", "new", "expected"), BAD_FILES, ids=[f"{n}:{e[1]}" for n, _, _, e in BAD_FILES])
 def test_bad_inventory_file(inventory: Path, run, name: str, old: str, new: str, expected: list[str]) -> None:
     _edit(inventory / name, old, new)
     rc, out, err = run("plan", "--host", "b300", "--inventory", str(inventory))
@@ -113,7 +171,9 @@ def test_missing_inventory(tmp_path: Path, run) -> None:
 
 
 def test_empty_group(inventory: Path, run) -> None:
-    (inventory / "hosts.yml").write_text("all:\n  children:\n    b300:\n      hosts: {}\n    other:\n      hosts:\n        x:\n")
+    (inventory / "hosts.yml").write_text(
+        "all:\n  children:\n    b300:\n      hosts: {}\n    other:\n      hosts:\n        x:\n"
+    )
     rc, _, err = run("plan", "--host", "b300", "--inventory", str(inventory))
     assert rc == 2 and "--host: b300: the group has no hosts" in err
 

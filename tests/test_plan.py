@@ -134,7 +134,16 @@ def test_h200_arch_plans(plan_json) -> None:
 def test_human_plan_names_every_decision(run) -> None:
     rc, out, _ = run("plan", "--host", "b300")
     assert rc == 0
-    for expected in ("hardware", "CUDA", "driver", "Triton", "FlashInfer", "environment", "launch command", "[Service]"):
+    for expected in (
+        "hardware",
+        "CUDA",
+        "driver",
+        "Triton",
+        "FlashInfer",
+        "environment",
+        "launch command",
+        "[Service]",
+    ):
         assert expected in out
 
 

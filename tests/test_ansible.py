@@ -1,0 +1,120 @@
+"""Plain ansible-playbook and `provision apply` resolve through the same models as `provision plan`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+BIN = Path(sys.executable).parent
+ENV = {
+    **os.environ,
+    "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+}
+
+
+def ansible_playbook(*args: str, callback: str = "default") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), *args],
+        cwd=ROOT,
+        env={
+            **ENV,
+            "ANSIBLE_STDOUT_CALLBACK": callback,
+            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+            "ANSIBLE_NOCOLOR": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def facts_from_minimal(stdout: str) -> dict[str, dict]:
+    """dflash_plan per host, from the minimal callback's `HOST | SUCCESS => {json}` lines."""
+    decoder, plans, pos = json.JSONDecoder(), {}, 0
+    while (pos := stdout.find(" | SUCCESS => ", pos)) != -1:
+        host = stdout[stdout.rfind("\n", 0, pos) + 1 : pos]
+        result, end = decoder.raw_decode(stdout, pos + len(" | SUCCESS => "))
+        if "dflash_plan" in result.get("ansible_facts", {}):
+            plans[host] = result["ansible_facts"]["dflash_plan"]
+        pos = end
+    return plans
+
+
+@pytest.mark.parametrize("playbook", ["site.yml", "rtx6000.yml", "b300.yml"])
+def test_syntax_check(playbook: str) -> None:
+    proc = ansible_playbook("--syntax-check", f"playbooks/{playbook}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_plain_ansible_playbook_sees_the_cli_plan(inventory: Path, plan_json) -> None:
+    proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml", callback="minimal")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    facts = facts_from_minimal(proc.stdout)
+    assert set(facts) == {"rtx-test", "b300-test"}
+    for host, fact in facts.items():
+        assert fact == plan_json("--host", host, "--inventory", str(inventory))
+
+
+def test_plain_ansible_playbook_refuses_bad_input_before_any_change(inventory: Path) -> None:
+    (inventory / "group_vars" / "b300.yml").write_text(
+        (inventory / "group_vars" / "b300.yml").read_text().replace("  ep: 1\n", "  ep: 3\n")
+    )
+    proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml")
+    assert proc.returncode != 0
+    assert (
+        "group_vars/b300.yml:" in proc.stdout and "dflash_serve.ep: must be 1 or equal to tp (8), got 3" in proc.stdout
+    )
+    assert "Show the toolkit" not in proc.stdout.split("Resolve the b300")[-1]
+
+
+def test_apply_check_reports_the_recap(inventory: Path, tmp_path: Path, run) -> None:
+    state = tmp_path / "state"
+    rc, out, err = run(
+        "apply", "--host", "all", "--inventory", str(inventory), "--check", "--diff", "--state-dir", str(state)
+    )
+    assert rc == 0, out + err
+    assert "TASK Resolve and validate the deployment through provision's models" in out
+    for host in ("rtx-test", "b300-test"):
+        assert f"{host} : ok=3 changed=0 unreachable=0 failed=0 skipped=0 rescued=0 ignored=0" in out
+    (run_dir,) = state.iterdir()
+    recorded = json.loads((run_dir / "plans" / "b300-test.json").read_text())
+    assert recorded["host"] == "b300-test" and recorded["gpu"]["arch"] == "10.3"
+
+
+def test_apply_passes_set_and_fails_with_the_playbook(inventory: Path, tmp_path: Path, run) -> None:
+    # --set reaches the playbook's own resolution
+    rc, out, _ = run(
+        "apply", "--host", "b300", "--inventory", str(inventory), "--state-dir", str(tmp_path / "a"),
+        "--set", "serve.port=31000",
+    )  # fmt: skip
+    assert rc == 0
+    (run_dir,) = (tmp_path / "a").iterdir()
+    resolved = [
+        event["event_data"]["res"]["ansible_facts"]["dflash_plan"]
+        for path in run_dir.glob("artifacts/*/job_events/*.json")
+        if (event := json.loads(path.read_text())).get("event") == "runner_on_ok"
+        and "dflash_plan" in event["event_data"]["res"].get("ansible_facts", {})
+    ]
+    assert len(resolved) == 1 and "--port" in resolved[0]["argv"]
+    assert resolved[0]["argv"][resolved[0]["argv"].index("--port") + 1] == "31000"
+    # an extra var the playbook cannot accept: Ansible fails the host and apply's exit code says so
+    rc, out, _ = run(
+        "apply", "--host", "b300", "--inventory", str(inventory), "--state-dir", str(tmp_path / "b"),
+        "-e", "dflash_set=notamapping",
+    )  # fmt: skip
+    assert rc != 0
+    assert "dflash_set: must be a mapping" in out
+    assert "b300-test : ok=1 changed=0 unreachable=0 failed=1" in out
+
+
+def test_apply_picks_the_host_types_playbook(inventory: Path, tmp_path: Path, run) -> None:
+    rc, out, _ = run("apply", "--host", "rtx-test", "--inventory", str(inventory), "--state-dir", str(tmp_path))
+    assert rc == 0 and "playbook playbooks/rtx6000.yml" in out and "b300-test :" not in out
