@@ -6,6 +6,17 @@ from pathlib import Path
 
 import pytest
 
+
+def assert_refused(rc: int, out: str, err: str, expected: list[str]) -> None:
+    """Exit 2, nothing on stdout, one line on stderr that names every expected fragment."""
+    assert rc == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    for fragment in expected:
+        assert fragment in err
+
+
 # (--set items, what the message must name)
 BAD_SETS = [
     (["serve.block_size=16"], ["--set serve.block_size=16", "trained block size 8", "allow_untrained_depth"]),
@@ -54,12 +65,7 @@ def test_bad_set(run, sets: list[str], expected: list[str]) -> None:
     argv = ["plan", "--host", "rtx6000"]
     for item in sets:
         argv += ["--set", item]
-    rc, out, err = run(*argv)
-    assert rc == 2
-    assert out == ""
-    assert len(err.strip().splitlines()) == 1, err
-    for fragment in expected:
-        assert fragment in err
+    assert_refused(*run(*argv), expected)
 
 
 def _edit(path: Path, old: str, new: str) -> None:
@@ -150,13 +156,7 @@ BAD_FILES = [
 @pytest.mark.parametrize(("name", "old", "new", "expected"), BAD_FILES, ids=[f"{n}:{e[1]}" for n, _, _, e in BAD_FILES])
 def test_bad_inventory_file(inventory: Path, run, name: str, old: str, new: str, expected: list[str]) -> None:
     _edit(inventory / name, old, new)
-    rc, out, err = run("plan", "--host", "b300", "--inventory", str(inventory))
-    assert rc == 2
-    assert out == ""
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
-    for fragment in expected:
-        assert fragment in err
+    assert_refused(*run("plan", "--host", "b300", "--inventory", str(inventory)), expected)
 
 
 def test_unknown_host_lists_the_known_ones(inventory: Path, run) -> None:

@@ -154,3 +154,23 @@ def test_group_json_lists_each_host(inventory, run) -> None:
     assert rc == 0
     doc = json.loads(out)
     assert doc["target"] == "all" and set(doc["hosts"]) == {"rtx-test", "b300-test"}
+
+
+def _leaf_keys(model: type, prefix: str = "") -> list[str]:
+    from pydantic import BaseModel
+
+    keys = []
+    for name, field in model.model_fields.items():
+        nested = [a for a in getattr(field.annotation, "__args__", [field.annotation]) if isinstance(a, type)]
+        sub = [a for a in nested if issubclass(a, BaseModel)]
+        keys += _leaf_keys(sub[0], f"{prefix}{name}.") if sub else [f"{prefix}{name}"]
+    return keys
+
+
+def test_readme_documents_every_config_key() -> None:
+    from provision.config import Deployment
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    missing = [key for key in _leaf_keys(Deployment) if f"`{key}`" not in readme]
+    assert not missing, f"README's key table lacks {missing}"
