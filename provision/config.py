@@ -29,7 +29,7 @@ class RuleError(Exception):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    model_config = ConfigDict(extra="forbid")
 
 
 def _absolute(value: str) -> str:

@@ -24,7 +24,6 @@ def _unwrap(annotation: Any) -> list[Any]:
 
 def leaf_types(path: list[str]) -> list[Any]:
     """The types the field at `path` admits; raises KeyError naming the allowed keys where a step is unknown."""
-    model: type[BaseModel] = Deployment
     types_here: list[Any] = [Deployment]
     for i, step in enumerate(path):
         models = [t for t in types_here if isinstance(t, type) and issubclass(t, BaseModel)]

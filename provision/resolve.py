@@ -54,6 +54,7 @@ class HostVars:
         self.template = template
         self.fallback = fallback
         self.cli_source = cli_source
+        self.cli_given = dict(cli_set or {})  # as typed, for messages
         self.cli_set = {k: overrides.check_key(k, v, cli_source) for k, v in (cli_set or {}).items()}
 
     def _check_names(self) -> None:
@@ -93,7 +94,7 @@ class HostVars:
         for i in range(len(parts), 0, -1):
             key = ".".join(parts[:i])
             if key in self.cli_set:
-                return f"{self.cli_source} {key}={self.cli_set[key]}", field
+                return f"{self.cli_source} {key}={self.cli_given[key]}", field
         host_set = self.raw.get(SET_VAR)
         if isinstance(host_set, Mapping):
             for i in range(len(parts), 0, -1):
