@@ -12,6 +12,7 @@ from rich.console import Console
 
 from provision import __version__, overrides
 from provision.errors import InputError
+from provision.sandbox.system import SandboxError
 
 DEFAULT_INVENTORY = Path(os.environ.get("PROVISION_INVENTORY", "inventory"))
 DEFAULT_STATE = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "dflash-provision" / "runs"
@@ -24,7 +25,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _common(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--host", required=True, help="an inventory host or group")
-    sub.add_argument("--inventory", type=Path, default=DEFAULT_INVENTORY, help="inventory directory or file")
+    where = sub.add_mutually_exclusive_group()
+    where.add_argument("--inventory", type=Path, default=DEFAULT_INVENTORY, help="inventory directory or file")
+    where.add_argument("--sandbox", action="store_true", help="target the local sandbox hosts' inventory")
     sub.add_argument(
         "--set",
         dest="set_",
@@ -52,13 +55,31 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--limit", help="further limit the hosts (Ansible pattern)")
     apply.add_argument("-e", "--extra-vars", action="append", default=[], metavar="K=V", help="extra variable")
     apply.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help="where run records are kept")
+
+    sandbox = subs.add_parser("sandbox", help="local test hosts (systemd-nspawn), for tests and trials")
+    verbs = sandbox.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    sb_up = verbs.add_parser("up", help="bring up one host per type (keeps running ones)")
+    sb_up.add_argument("--hosts", default="rtx6000,b300", help="host types, comma separated")
+    verbs.add_parser("down", help="stop the hosts and remove everything the sandbox made")
+    verbs.add_parser("status", help="each host's state")
+    sb_exec = verbs.add_parser("exec", help="run a command in a sandbox host; its exit code is passed through")
+    sb_exec.add_argument("name", metavar="HOST")
+    sb_exec.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
     return parser
+
+
+def _inventory_path(args: argparse.Namespace) -> Path:
+    if args.sandbox:
+        from provision.sandbox.manage import inventory_for_cli
+
+        return inventory_for_cli()
+    return args.inventory
 
 
 def _plans(args: argparse.Namespace) -> list:
     from provision.inventory import Inventory  # Ansible is slow to import: only when needed
 
-    inventory = Inventory(args.inventory)
+    inventory = Inventory(_inventory_path(args))
     return inventory.plans(args.host, overrides.split_set(args.set_))
 
 
@@ -94,7 +115,7 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
     return run_playbook(
         plans,
         playbook,
-        args.inventory,
+        _inventory_path(args),
         limit,
         overrides.split_set(args.set_),
         extravars,
@@ -106,15 +127,47 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
     )
 
 
+def cmd_sandbox(args: argparse.Namespace, console: Console) -> int:
+    from provision.sandbox import manage
+
+    if args.verb == "up":
+        types = manage.parse_types(args.hosts)
+        with console.status("bringing up sandbox hosts (the first run builds the Debian base tree)"):
+            hosts = manage.up(types)
+        for host in hosts:
+            console.print(f"{host.name} ({host.type}) at {host.address}: running", highlight=False)
+        console.print(f"inventory: {manage.inventory_dir()}", highlight=False)
+    elif args.verb == "down":
+        manage.down()
+        console.print("sandbox down: no hosts, mounts, namespaces, cgroups or bridge left")
+    elif args.verb == "status":
+        rows = manage.status()
+        for host, state in rows:
+            console.print(f"{host.name} ({host.type}) {host.address}: {state}", highlight=False)
+        if not rows:
+            console.print("no sandbox hosts")
+    else:
+        command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not command:
+            raise InputError(
+                "exec", args.name, "give a command after --, like: provision sandbox exec b300 -- uname -a"
+            )
+        return manage.exec_in(args.name, command)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
-    commands = {"plan": cmd_plan, "apply": cmd_apply}
+    commands = {"plan": cmd_plan, "apply": cmd_apply, "sandbox": cmd_sandbox}
     try:
         return commands[args.command](args, console)
     except InputError as err:
         print(f"provision: error: {err}", file=sys.stderr)
         return 2
+    except SandboxError as err:
+        print(f"provision: sandbox: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("provision: interrupted", file=sys.stderr)
         return 130

@@ -1,0 +1,130 @@
+"""`provision sandbox up|down|status|exec`: the local test hosts as a whole."""
+
+from __future__ import annotations
+
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from provision.errors import InputError
+from provision.files import write_atomic
+from provision.sandbox import machines, network
+from provision.sandbox.base import ensure_base
+from provision.sandbox.layout import (
+    STATE,
+    SandboxHost,
+    inventory_dir,
+    key_file,
+    known_hosts,
+    load_hosts,
+    save_hosts,
+)
+
+REPO_INVENTORY = Path(__file__).resolve().parent.parent.parent / "inventory"
+HOST_TYPES = ("rtx6000", "b300")
+SSH_OPTIONS = "-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+
+
+def parse_types(text: str) -> list[str]:
+    types = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in types if t not in HOST_TYPES]
+    if unknown or not types:
+        raise InputError("--hosts", text, f"unknown host type {', '.join(unknown)}; allowed: {', '.join(HOST_TYPES)}")
+    return list(dict.fromkeys(types))
+
+
+def up(types: list[str]) -> list[SandboxHost]:
+    """Bring up one host per type; hosts already running are kept as they are."""
+    machines.require_state_dir()
+    hosts = load_hosts()
+    if not any(machines.running(h) for h in hosts):  # never swap the lower layer under a running host
+        ensure_base()
+    known = {h.type: h for h in hosts}
+    for host_type in types:
+        if host_type not in known:
+            used = {h.index for h in hosts}
+            index = next(i for i in range(1, 200) if i not in used)
+            known[host_type] = SandboxHost(name=f"{host_type}-sbx", type=host_type, index=index)
+            hosts.append(known[host_type])
+    save_hosts(hosts)
+    machines.ensure_key()
+    network.ensure_bridge()
+    network.ensure_apt_proxy()
+    for host in hosts:
+        network.ensure_netns(host)
+        machines.boot(host)
+    write_inventory(hosts)
+    return hosts
+
+
+def down() -> None:
+    """Stop every host and remove what the sandbox made: processes, mounts, namespaces, cgroups, bridge."""
+    machines.require_state_dir()
+    for host in load_hosts():
+        machines.stop(host)
+        network.remove_netns(host)
+        subprocess.run(["rm", "-rf", str(host.dir)], check=True)
+    network.stop_apt_proxy()
+    network.remove_bridge()
+    save_hosts([])
+    subprocess.run(["rm", "-rf", str(inventory_dir())], check=True)
+
+
+def status() -> list[tuple[SandboxHost, str]]:
+    return [(h, machines.system_state(h) if machines.running(h) else "stopped") for h in load_hosts()]
+
+
+def find(name: str) -> SandboxHost:
+    hosts = load_hosts()
+    for host in hosts:
+        if name in (host.name, host.type):
+            return host
+    names = ", ".join(h.name for h in hosts) or "none (run `provision sandbox up`)"
+    raise InputError("HOST", name, f"unknown sandbox host; running: {names}")
+
+
+def exec_in(name: str, command: list[str]) -> int:
+    host = find(name)
+    return subprocess.run([*machines.ssh_command(host), "--", *command]).returncode
+
+
+def write_inventory(hosts: list[SandboxHost]) -> None:
+    """Groups that mirror production's, the same group_vars (linked), and data/sandbox.yml's differences."""
+    differences = yaml.safe_load(resources.files("provision").joinpath("data", "sandbox.yml").read_text())
+    inv = inventory_dir()
+    (inv / "group_vars").mkdir(parents=True, exist_ok=True)
+    for source in sorted((REPO_INVENTORY / "group_vars").glob("*.yml")):
+        link = inv / "group_vars" / source.name
+        if not link.is_symlink():
+            link.symlink_to(source)
+    doc = {
+        "all": {
+            "children": {
+                "sandbox": {
+                    "vars": {
+                        "ansible_user": "root",
+                        "ansible_ssh_private_key_file": str(key_file()),
+                        "ansible_ssh_common_args": SSH_OPTIONS.format(known_hosts=known_hosts()),
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                        **differences,
+                    },
+                    "children": {
+                        t: {"hosts": {h.name: {"ansible_host": h.address} for h in hosts if h.type == t}}
+                        for t in HOST_TYPES
+                        if any(h.type == t for h in hosts)
+                    },
+                }
+            }
+        }
+    }
+    header = f"# Written by `provision sandbox up` ({STATE}); the hosts are local nspawn containers.\n"
+    write_atomic(inv / "hosts.yml", header + yaml.safe_dump(doc, sort_keys=False), mode=0o644)
+
+
+def inventory_for_cli() -> Path:
+    inv = inventory_dir()
+    if not (inv / "hosts.yml").exists():
+        raise InputError("--sandbox", "", "no sandbox is up; run `provision sandbox up` first")
+    return inv

@@ -1,0 +1,99 @@
+"""The private bridge, one network namespace per host, and the apt proxy on the bridge address."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from provision.sandbox.layout import APT_PROXY_PORT, BRIDGE, GATEWAY, STATE, SandboxHost
+from provision.sandbox.system import pid_alive, sh, wait_port
+
+
+def _link_exists(name: str, netns: str | None = None) -> bool:
+    prefix = ["ip", "-n", netns] if netns else ["ip"]
+    return sh(*prefix, "link", "show", name, check=False).returncode == 0
+
+
+def ensure_bridge() -> None:
+    if not _link_exists(BRIDGE):
+        sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    if GATEWAY not in sh("ip", "-4", "addr", "show", "dev", BRIDGE).stdout:
+        sh("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
+    sh("ip", "link", "set", BRIDGE, "up")
+
+
+def remove_bridge() -> None:
+    if _link_exists(BRIDGE):
+        sh("ip", "link", "del", BRIDGE)
+
+
+def ensure_netns(host: SandboxHost) -> None:
+    if not Path(f"/run/netns/{host.name}").exists():
+        sh("ip", "netns", "add", host.name)
+    if not _link_exists("eth0", host.name):
+        if _link_exists(host.veth):
+            sh("ip", "link", "del", host.veth)
+        sh("ip", "link", "add", host.veth, "type", "veth", "peer", "name", f"{host.veth}c")
+        sh("ip", "link", "set", host.veth, "master", BRIDGE, "up")
+        sh("ip", "link", "set", f"{host.veth}c", "netns", host.name)
+        sh("ip", "-n", host.name, "link", "set", f"{host.veth}c", "name", "eth0")
+        sh("ip", "-n", host.name, "addr", "add", f"{host.address}/24", "dev", "eth0")
+    sh("ip", "-n", host.name, "link", "set", "eth0", "up")
+    sh("ip", "-n", host.name, "link", "set", "lo", "up")
+    if "default" not in sh("ip", "-n", host.name, "route", "show").stdout:
+        sh("ip", "-n", host.name, "route", "add", "default", "via", GATEWAY)
+
+
+def remove_netns(host: SandboxHost) -> None:
+    # deleting the namespace destroys its veth end, and with it the peer on the bridge
+    if Path(f"/run/netns/{host.name}").exists():
+        sh("ip", "netns", "del", host.name)
+    if _link_exists(host.veth):
+        sh("ip", "link", "del", host.veth)
+
+
+def _proxy_dir() -> Path:
+    return STATE / "apt-proxy"
+
+
+def ensure_apt_proxy() -> None:
+    """apt-cacher-ng in the foreground on the bridge address, with no Remap rules (they answer 503)."""
+    conf = _proxy_dir() / "conf"
+    pid_file = _proxy_dir() / "pid"
+    if pid_file.exists() and pid_alive(int(pid_file.read_text())):
+        return
+    for sub in ("conf", "cache", "log"):
+        (_proxy_dir() / sub).mkdir(parents=True, exist_ok=True)
+    (conf / "acng.conf").write_text(
+        f"CacheDir: {_proxy_dir() / 'cache'}\nLogDir: {_proxy_dir() / 'log'}\n"
+        "SupportDir: /usr/lib/apt-cacher-ng\n"
+        f"BindAddress: {GATEWAY}\nPort: {APT_PROXY_PORT}\nPidFile: {_proxy_dir() / 'acng.pid'}\nForeGround: 1\n"
+    )
+    log = open(_proxy_dir() / "log" / "console.log", "ab")  # noqa: SIM115 - owned by the child
+    proc = subprocess.Popen(
+        ["apt-cacher-ng", "-c", str(conf)], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    pid_file.write_text(str(proc.pid))
+    wait_port(GATEWAY, APT_PROXY_PORT, 15)
+
+
+def stop_apt_proxy() -> None:
+    pid_file = _proxy_dir() / "pid"
+    if not pid_file.exists():
+        return
+    pid = int(pid_file.read_text())
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + 5
+        while pid_alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    pid_file.unlink()
