@@ -52,7 +52,7 @@ class Progress:
                 line = f"    [{STATUS_STYLE.get(status, 'white')}]{status}[/]: {data.get('host', '')}"
                 if status in ("failed", "unreachable") and res.get("msg"):
                     line += f" - {res['msg']}"
-                self.console.print(line, highlight=False)
+                self.console.print(line, highlight=False, soft_wrap=True)
         return True
 
 
@@ -126,4 +126,4 @@ def print_recap(stats: dict[str, dict[str, int]], console: Console) -> None:
     ]
     for host in hosts:
         counts = " ".join(f"{name}={stats.get(key, {}).get(host, 0)}" for name, key in columns)
-        console.print(f"{host} : {counts}", highlight=False)
+        console.print(f"{host} : {counts}", highlight=False, soft_wrap=True)

@@ -28,6 +28,8 @@ class CudaPlan(BaseModel):
     method: str
     arch_min: str
     reason: str
+    pip_requirements: list[str]
+    pip_prefix_subdir: str | None
 
 
 class DriverPlan(BaseModel):
@@ -108,12 +110,22 @@ def choose_cuda(dep: Deployment) -> CudaPlan:
             f"{sm} needs >= {first}; SGLang {dep.sglang.release_name} runs torch built for CUDA {torch_cuda}, "
             f"so kernels are JIT-built with CUDA {version}"
         )
+    wheels = compat().toolkits[version].pip
+    if dep.cuda.method == "pip" and wheels is None:
+        with_wheels = [v for v, t in compat().toolkits.items() if t.pip]
+        raise RuleError(
+            "cuda.method",
+            f"NVIDIA's CUDA {version} wheels ship ptxas without nvcc; use nvidia_repo or preinstalled, "
+            f"or a toolkit with full wheels: {', '.join(with_wheels)}",
+        )
     return CudaPlan(
         version=version,
         home=dep.cuda.home or f"/usr/local/cuda-{version}",
         method=dep.cuda.method,
         arch_min=first,
         reason=reason,
+        pip_requirements=wheels.requirements if wheels else [],
+        pip_prefix_subdir=wheels.prefix_subdir if wheels else None,
     )
 
 

@@ -25,7 +25,7 @@ SET_VAR = "dflash_set"
 # host's dflash_set (extra vars would otherwise replace that variable whole).
 CLI_SET_VAR = "dflash_cli_set"
 # Variables of ours that are not deployment sections: the overrides and what the playbooks set.
-OTHER_VARS = (SET_VAR, CLI_SET_VAR, "dflash_plan")
+OTHER_VARS = (SET_VAR, CLI_SET_VAR, "dflash_plan", "dflash_host_type")
 
 
 def origin_of(value: Any) -> str | None:

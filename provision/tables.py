@@ -18,9 +18,15 @@ class ArchInfo(_Strict):
     family: str
 
 
+class PipToolkit(_Strict):
+    requirements: list[str]
+    prefix_subdir: str
+
+
 class ToolkitInfo(_Strict):
     driver_branch: str
     driver_min: str
+    pip: PipToolkit | None
 
 
 class TritonPtxas(_Strict):

@@ -1,4 +1,4 @@
-"""Shared fixtures: a copy of the real inventory whose hosts are this machine (never the placeholders)."""
+"""Shared fixtures: a copy of the real inventory with unreachable loopback hosts (never the placeholders)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LOCAL_HOSTS = {
     "all": {
-        # connection=local and controller-only tasks: nothing leaves this machine
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        # Only the controller-side plan play runs against these (`--tags plan`). Should anything try to
+        # connect, it meets a closed loopback port: never this machine's shell, never another host.
+        "vars": {"ansible_host": "127.0.0.1", "ansible_port": 9, "ansible_connection": "ssh"},
         "children": {
             "rtx6000": {"hosts": {"rtx-test": None}},
             "b300": {"hosts": {"b300-test": None}},

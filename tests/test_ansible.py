@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_syntax_check(playbook: str) -> None:
 
 
 def test_plain_ansible_playbook_sees_the_cli_plan(inventory: Path, plan_json) -> None:
-    proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml", callback="minimal")
+    proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml", "--tags", "plan", callback="minimal")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     facts = facts_from_minimal(proc.stdout)
     assert set(facts) == {"rtx-test", "b300-test"}
@@ -67,23 +68,35 @@ def test_plain_ansible_playbook_refuses_bad_input_before_any_change(inventory: P
     (inventory / "group_vars" / "b300.yml").write_text(
         (inventory / "group_vars" / "b300.yml").read_text().replace("  ep: 1\n", "  ep: 3\n")
     )
-    proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml")
+    proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml", "--tags", "plan")
     assert proc.returncode != 0
     assert (
         "group_vars/b300.yml:" in proc.stdout and "dflash_serve.ep: must be 1 or equal to tp (8), got 3" in proc.stdout
     )
-    assert "Show the toolkit" not in proc.stdout.split("Resolve the b300")[-1]
+    assert "Show the toolkit" not in proc.stdout.split("deployment of b300")[-1]
 
 
 def test_apply_check_reports_the_recap(inventory: Path, tmp_path: Path, run) -> None:
     state = tmp_path / "state"
     rc, out, err = run(
-        "apply", "--host", "all", "--inventory", str(inventory), "--check", "--diff", "--state-dir", str(state)
+        "apply",
+        "--host",
+        "all",
+        "--inventory",
+        str(inventory),
+        "--check",
+        "--diff",
+        "--tags",
+        "plan",
+        "--state-dir",
+        str(state),
     )
     assert rc == 0, out + err
     assert "TASK Resolve and validate the deployment through provision's models" in out
     for host in ("rtx-test", "b300-test"):
-        assert f"{host} : ok=3 changed=0 unreachable=0 failed=0 skipped=0 rescued=0 ignored=0" in out
+        assert re.search(
+            rf"^{host} : ok=\d+ changed=0 unreachable=0 failed=0 skipped=\d+ rescued=0 ignored=0$", out, re.M
+        )
     (run_dir,) = state.iterdir()
     recorded = json.loads((run_dir / "plans" / "b300-test.json").read_text())
     assert recorded["host"] == "b300-test" and recorded["gpu"]["arch"] == "10.3"
@@ -93,7 +106,7 @@ def test_apply_passes_set_and_fails_with_the_playbook(inventory: Path, tmp_path:
     # --set reaches the playbook's own resolution
     rc, out, _ = run(
         "apply", "--host", "b300", "--inventory", str(inventory), "--state-dir", str(tmp_path / "a"),
-        "--set", "serve.port=31000",
+        "--set", "serve.port=31000", "--tags", "plan",
     )  # fmt: skip
     assert rc == 0
     (run_dir,) = (tmp_path / "a").iterdir()
@@ -108,7 +121,7 @@ def test_apply_passes_set_and_fails_with_the_playbook(inventory: Path, tmp_path:
     # an extra var the playbook cannot accept: Ansible fails the host and apply's exit code says so
     rc, out, _ = run(
         "apply", "--host", "b300", "--inventory", str(inventory), "--state-dir", str(tmp_path / "b"),
-        "-e", "dflash_set=notamapping",
+        "-e", "dflash_set=notamapping", "--tags", "plan",
     )  # fmt: skip
     assert rc != 0
     assert "dflash_set: must be a mapping" in out
@@ -116,5 +129,7 @@ def test_apply_passes_set_and_fails_with_the_playbook(inventory: Path, tmp_path:
 
 
 def test_apply_picks_the_host_types_playbook(inventory: Path, tmp_path: Path, run) -> None:
-    rc, out, _ = run("apply", "--host", "rtx-test", "--inventory", str(inventory), "--state-dir", str(tmp_path))
+    rc, out, _ = run(
+        "apply", "--host", "rtx-test", "--inventory", str(inventory), "--state-dir", str(tmp_path), "--tags", "plan"
+    )
     assert rc == 0 and "playbook playbooks/rtx6000.yml" in out and "b300-test :" not in out

@@ -42,6 +42,8 @@ def _prepare_root(host: SandboxHost) -> None:
     if not (host.root / "etc/ssh/ssh_host_ed25519_key").exists():
         sh("ssh-keygen", "-A", "-f", str(host.root))
     (host.root / "etc/hostname").write_text(host.name + "\n")
+    # the hosts have no DNS: without its own name here every fact gathering waits on a lookup
+    (host.root / "etc/hosts").write_text(f"127.0.0.1 localhost\n{host.address} {host.name}\n::1 localhost\n")
 
 
 def _cgroup_dirs(host: SandboxHost) -> list[Path]:
