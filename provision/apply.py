@@ -18,6 +18,7 @@ from provision.resolve import CLI_SET_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = ROOT / "playbooks"
+DEBUG_ACTIONS = ("debug", "ansible.builtin.debug")
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold red", "skipped": "cyan"}
 
 
@@ -53,6 +54,10 @@ class Progress:
                 if status in ("failed", "unreachable") and res.get("msg"):
                     line += f" - {res['msg']}"
                 self.console.print(line, highlight=False, soft_wrap=True)
+                if status == "ok" and data.get("task_action") in DEBUG_ACTIONS and res.get("msg"):
+                    # what a role reports on purpose, like why a check was skipped
+                    for text in res["msg"] if isinstance(res["msg"], list) else [res["msg"]]:
+                        self.console.print(f"      {text}", highlight=False, soft_wrap=True, markup=False)
         return True
 
 

@@ -15,8 +15,9 @@ SUBNET = "10.231.7"
 GATEWAY = f"{SUBNET}.1"
 APT_PROXY_PORT = 3142
 SUITE = "bookworm"
-# What every test host has from the start: what ansible, ssh and systemd units need.
-BASE_PACKAGES = "openssh-server,python3,systemd,systemd-sysv,sudo,curl,iproute2,dbus,ca-certificates"
+# What every test host has from the start: what ansible (python3-apt: apt in check mode), ssh and
+# systemd units need.
+BASE_PACKAGES = "openssh-server,python3,python3-apt,systemd,systemd-sysv,sudo,curl,iproute2,dbus,ca-certificates"
 
 
 @dataclass(frozen=True)

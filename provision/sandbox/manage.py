@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from importlib import resources
 from pathlib import Path
@@ -87,7 +88,8 @@ def find(name: str) -> SandboxHost:
 
 def exec_in(name: str, command: list[str]) -> int:
     host = find(name)
-    return subprocess.run([*machines.ssh_command(host), "--", *command]).returncode
+    # ssh hands the remote shell one string: quote so that CMD... arrives as the same argv
+    return subprocess.run([*machines.ssh_command(host), "--", shlex.join(command)]).returncode
 
 
 def write_inventory(hosts: list[SandboxHost]) -> None:

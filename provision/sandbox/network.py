@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from provision.sandbox.layout import APT_PROXY_PORT, BRIDGE, GATEWAY, STATE, SandboxHost
-from provision.sandbox.system import pid_alive, sh, wait_port
+from provision.sandbox.system import SandboxError, pid_alive, sh, wait_port
 
 
 def _link_exists(name: str, netns: str | None = None) -> bool:
@@ -52,7 +52,9 @@ def remove_netns(host: SandboxHost) -> None:
     if Path(f"/run/netns/{host.name}").exists():
         sh("ip", "netns", "del", host.name)
     if _link_exists(host.veth):
-        sh("ip", "link", "del", host.veth)
+        sh("ip", "link", "del", host.veth, check=False)  # may vanish on its own meanwhile
+    if _link_exists(host.veth):
+        raise SandboxError(f"{host.veth} is still on the bridge after its namespace was removed")
 
 
 def _proxy_dir() -> Path:

@@ -1,0 +1,111 @@
+"""The cuda_toolkit role on fresh sandbox hosts: dry run, apply, re-apply, and real compiles per arch.
+
+Needs what test_sandbox.py needs. The toolkit comes from NVIDIA's PyPI wheels (the sandbox's one
+difference from production, provision/data/sandbox.yml), downloaded once by the control node.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from provision.cli import main
+from provision.sandbox import layout, machines
+from tests.test_sandbox import pytestmark  # noqa: F401 - the same requirements
+
+DATA = Path(__file__).resolve().parent / "data"
+SITE = Path(sysconfig.get_paths()["purelib"])
+CUOBJDUMP = SITE / "nvidia" / "cu13" / "bin" / "cuobjdump"
+PTXAS_12_8 = SITE / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
+RECAP = re.compile(r"^(\S+) : ok=(\d+) changed=(\d+) unreachable=(\d+) failed=(\d+)", re.M)
+
+
+def recap(out: str) -> dict[str, tuple[int, int, int, int]]:
+    return {m[1]: tuple(int(x) for x in m.groups()[1:]) for m in RECAP.finditer(out)}
+
+
+def on(host: layout.SandboxHost, script: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*machines.ssh_command(host), script], input=stdin, capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def fresh_hosts():
+    # fresh hosts: a dry run must find everything still to do
+    assert main(["sandbox", "down"]) == 0
+    assert main(["sandbox", "up", "--hosts", "rtx6000,b300"]) == 0
+    yield {h.type: h for h in layout.load_hosts()}
+    main(["sandbox", "down"])
+
+
+@pytest.fixture(scope="module")
+def applied(fresh_hosts, tmp_path_factory):
+    state = tmp_path_factory.mktemp("runs")
+    return lambda *extra: _apply(state, *extra)
+
+
+def _apply(state: Path, *extra: str) -> tuple[int, str]:
+    proc = subprocess.run(
+        [str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "provision"), "apply", "--host", "all",
+         "--sandbox", "--state-dir", str(state), *extra],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_check_mode_on_fresh_hosts_changes_nothing(fresh_hosts, applied) -> None:
+    rc, out = applied("--check")
+    assert rc == 0, out
+    assert set(recap(out)) == {"rtx6000-sbx", "b300-sbx"}
+    for host in fresh_hosts.values():
+        proc = on(host, "test ! -e /usr/local/cuda-13.0 && test ! -e /var/cache/dflash-provision && ! dpkg -s g++")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_apply_then_reapply_reports_no_change(applied) -> None:
+    rc, out = applied()
+    assert rc == 0, out
+    first = recap(out)
+    assert all(failed == 0 and changed > 0 for _, changed, _, failed in first.values()), first
+    rc, out = applied()
+    assert rc == 0, out
+    second = recap(out)
+    assert set(second) == {"rtx6000-sbx", "b300-sbx"}
+    assert all(changed == 0 and failed == 0 and unreachable == 0 for _, changed, unreachable, failed in second.values())
+    assert "driver check skipped: nvidia-smi is not installed" in out
+
+
+@pytest.mark.parametrize(("host_type", "sm"), [("b300", "sm_103a"), ("rtx6000", "sm_120a")])
+def test_the_hosts_toolkit_compiles_for_its_arch(fresh_hosts, applied, tmp_path: Path, host_type: str, sm: str) -> None:
+    host = fresh_hosts[host_type]
+    proc = on(
+        host,
+        f"set -e; cat > /tmp/add.cu; /usr/local/cuda/bin/nvcc -cubin -arch={sm} -o /tmp/add.cubin /tmp/add.cu;"
+        " readlink -f /usr/local/cuda; cat /tmp/add.cubin >&2",
+        stdin=(DATA / "add.cu").read_bytes(),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.decode().strip() == "/opt/dflash-provision/toolkits/cuda-13.0/nvidia/cu13"
+    cubin = tmp_path / "add.cubin"
+    cubin.write_bytes(proc.stderr)
+    listing = subprocess.run([str(CUOBJDUMP), "--list-elf", str(cubin)], capture_output=True, text=True, check=True)
+    assert f".{sm}.cubin" in listing.stdout
+
+
+def test_cuda_12_8_cannot_build_sm_103a(tmp_path: Path) -> None:
+    """Why the plan refuses CUDA 12.8 on B300: its ptxas does not know the target (sm_120a it does)."""
+    ptx = DATA / "add.ptx"
+    ok = subprocess.run(
+        [str(PTXAS_12_8), "-arch=sm_120a", "-o", str(tmp_path / "a.cubin"), str(ptx)], capture_output=True, text=True
+    )
+    assert ok.returncode == 0, ok.stderr
+    refused = subprocess.run(
+        [str(PTXAS_12_8), "-arch=sm_103a", "-o", str(tmp_path / "b.cubin"), str(ptx)], capture_output=True, text=True
+    )
+    assert refused.returncode != 0
+    assert "Value 'sm_103a' is not defined for option 'gpu-name'" in refused.stderr
+    version = subprocess.run([str(PTXAS_12_8), "--version"], capture_output=True, text=True, check=True).stdout
+    assert "release 12.8" in version
