@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox = subs.add_parser("sandbox", help="local test hosts (systemd-nspawn), for tests and trials")
     verbs = sandbox.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     sb_up = verbs.add_parser("up", help="bring up one host per type (keeps running ones)")
-    sb_up.add_argument("--hosts", default="rtx6000,b300", help="host types, comma separated")
+    sb_up.add_argument("--hosts", default="rtx6000,b300", help="host types, comma separated, each optionally :N")
     verbs.add_parser("down", help="stop the hosts and remove everything the sandbox made")
     verbs.add_parser("status", help="each host's state")
     sb_exec = verbs.add_parser("exec", help="run a command in a sandbox host; its exit code is passed through")

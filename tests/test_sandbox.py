@@ -41,7 +41,7 @@ def test_hosts_boot_systemd_and_answer_ssh(sandbox, run) -> None:
 
 def test_exec_passes_the_exit_code_through(sandbox) -> None:
     proc = subprocess.run(
-        [PROVISION, "sandbox", "exec", "b300", "--", "sh", "-c", "hostname; exit 7"], capture_output=True, text=True
+        [PROVISION, "sandbox", "exec", "b300-sbx", "--", "sh", "-c", "hostname; exit 7"], capture_output=True, text=True
     )
     assert proc.returncode == 7 and proc.stdout.strip() == "b300-sbx"
 
@@ -85,7 +85,9 @@ def test_plan_and_apply_target_the_sandbox(sandbox, run, tmp_path: Path) -> None
 
 def test_bad_host_types_are_refused(run) -> None:
     rc, _, err = run("sandbox", "up", "--hosts", "rtx6000,h100")
-    assert rc == 2 and "--hosts: rtx6000,h100: unknown host type h100; allowed: rtx6000, b300" in err
+    assert rc == 2 and "--hosts: rtx6000,h100: unknown item 'h100'; allowed: rtx6000, b300, each optionally :N" in err
+    rc, _, err = run("sandbox", "up", "--hosts", "b300:9")
+    assert rc == 2 and "(1-8)" in err
 
 
 def test_down_leaves_nothing_behind(sandbox, run) -> None:

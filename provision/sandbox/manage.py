@@ -28,27 +28,32 @@ HOST_TYPES = ("rtx6000", "b300")
 SSH_OPTIONS = "-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
 
 
-def parse_types(text: str) -> list[str]:
-    types = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [t for t in types if t not in HOST_TYPES]
-    if unknown or not types:
-        raise InputError("--hosts", text, f"unknown host type {', '.join(unknown)}; allowed: {', '.join(HOST_TYPES)}")
-    return list(dict.fromkeys(types))
+def parse_types(text: str) -> dict[str, int]:
+    """`rtx6000,b300:3` -> {type: how many hosts}."""
+    wanted: dict[str, int] = {}
+    for item in (t.strip() for t in text.split(",")):
+        host_type, _, count = item.partition(":")
+        if host_type not in HOST_TYPES or not (count or "1").isdigit() or not 1 <= int(count or "1") <= 8:
+            raise InputError(
+                "--hosts", text, f"unknown item {item!r}; allowed: {', '.join(HOST_TYPES)}, each optionally :N (1-8)"
+            )
+        wanted[host_type] = int(count or "1")
+    return wanted
 
 
-def up(types: list[str]) -> list[SandboxHost]:
-    """Bring up one host per type; hosts already running are kept as they are."""
+def up(wanted: dict[str, int]) -> list[SandboxHost]:
+    """Bring up the wanted hosts per type; hosts already running are kept as they are."""
     machines.require_state_dir()
     hosts = load_hosts()
     if not any(machines.running(h) for h in hosts):  # never swap the lower layer under a running host
         ensure_base()
-    known = {h.type: h for h in hosts}
-    for host_type in types:
-        if host_type not in known:
-            used = {h.index for h in hosts}
-            index = next(i for i in range(1, 200) if i not in used)
-            known[host_type] = SandboxHost(name=f"{host_type}-sbx", type=host_type, index=index)
-            hosts.append(known[host_type])
+    for host_type, count in wanted.items():
+        for number in range(1, count + 1):
+            name = f"{host_type}-sbx" + (str(number) if number > 1 else "")
+            if all(h.name != name for h in hosts):
+                used = {h.index for h in hosts}
+                index = next(i for i in range(1, 200) if i not in used)
+                hosts.append(SandboxHost(name=name, type=host_type, index=index))
     save_hosts(hosts)
     machines.ensure_key()
     network.ensure_bridge()
@@ -80,7 +85,7 @@ def status() -> list[tuple[SandboxHost, str]]:
 def find(name: str) -> SandboxHost:
     hosts = load_hosts()
     for host in hosts:
-        if name in (host.name, host.type):
+        if name == host.name:
             return host
     names = ", ".join(h.name for h in hosts) or "none (run `provision sandbox up`)"
     raise InputError("HOST", name, f"unknown sandbox host; running: {names}")

@@ -1,0 +1,75 @@
+"""Apply speed on sandbox hosts, as ratios measured side by side in one run (root; brings hosts up and down).
+
+  no-op re-apply / floor : `provision apply` on an applied host vs bench/floor.yml (gather facts, ping)
+  fleet 3 / fleet 1      : applying to 3 fresh b300 hosts vs 1 fresh one, each with a cold control-side
+                           wheelhouse (the wheels are downloaded once per run, for the whole fleet)
+
+Usage: .venv/bin/python bench/apply_speed.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PROVISION = str(BIN / "provision")
+ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+
+
+def timed(*cmd: str) -> float:
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+    return elapsed
+
+
+def fresh(hosts: str) -> None:
+    timed(PROVISION, "sandbox", "down")
+    timed(PROVISION, "sandbox", "up", "--hosts", hosts)
+
+
+def apply_cold(state: Path, target: str) -> float:
+    with tempfile.TemporaryDirectory(prefix="wheelhouse-") as wheelhouse:
+        return timed(
+            PROVISION, "apply", "--host", target, "--sandbox", "--state-dir", str(state),
+            "-e", f"cuda_toolkit_wheelhouse={wheelhouse}",
+        )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    state = Path(tempfile.mkdtemp(prefix="bench-runs-"))
+    inventory = "/var/lib/dflash-provision/sandbox/inventory"
+
+    fresh("b300:1")
+    apply_cold(state, "b300")  # warm the apt proxy's cache so both fleet runs see the same mirror
+    fleet = {}
+    for count in (1, 3):
+        fresh(f"b300:{count}")
+        fleet[count] = apply_cold(state, "b300")
+        print(f"fleet of {count}: first apply {fleet[count]:.1f} s", flush=True)
+
+    noop, floor = [], []
+    for _ in range(args.repeat):
+        noop.append(timed(PROVISION, "apply", "--host", "b300-sbx", "--sandbox", "--state-dir", str(state)))
+        floor.append(timed(str(BIN / "ansible-playbook"), "-i", inventory, "--limit", "b300-sbx", "bench/floor.yml"))
+    timed(PROVISION, "sandbox", "down")
+    n, f = statistics.median(noop), statistics.median(floor)
+    print(f"no-op re-apply {n:.2f} s vs floor {f:.2f} s (medians of {args.repeat}): ratio {n / f:.2f} (aim <= 2)")
+    print(f"fleet 3 vs 1: {fleet[3]:.1f} s vs {fleet[1]:.1f} s: ratio {fleet[3] / fleet[1]:.2f} (aim <= 1.4)")
+
+
+if __name__ == "__main__":
+    main()
