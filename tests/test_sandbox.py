@@ -104,5 +104,7 @@ def test_down_leaves_nothing_behind(sandbox, run) -> None:
     assert not any(Path(f"/run/netns/{h.name}").exists() for h in sandbox)
     assert subprocess.run(["ip", "link", "show", layout.BRIDGE], capture_output=True).returncode != 0
     assert not [p for p in Path("/sys/fs/cgroup").glob("*/dflash-sandbox-*")]
+    # no ssh master outlives its host (a new host at the same address would inherit a dead one)
+    assert not list((layout.STATE / "ssh").glob("cm-*"))
     rc, _, err = run("plan", "--host", "b300", "--sandbox")
     assert rc == 2 and "no sandbox is up" in err

@@ -63,6 +63,12 @@ def known_hosts() -> Path:
     return STATE / "ssh" / "known_hosts"
 
 
+def control_path() -> str:
+    """Ansible's ssh master connections to sandbox hosts: here, so that stopping a host can end them
+    (a new host at the same address must not inherit a dead master)."""
+    return str(STATE / "ssh" / "cm-%C")
+
+
 def inventory_dir() -> Path:
     return STATE / "inventory"
 

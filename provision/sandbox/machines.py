@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
-from provision.sandbox.layout import STATE, SandboxHost, base_dir, key_file, known_hosts
-from provision.sandbox.system import SandboxError, mounted, pid_alive, sh, wait_port
+from provision.sandbox.layout import STATE, SandboxHost, base_dir, control_path, key_file, known_hosts
+from provision.sandbox.system import SandboxError, mounted, pid_alive, sh, terminate, wait_port
 
 CGROUP_ROOTS = [Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")]
 
@@ -93,19 +91,10 @@ def _known_lines() -> list[str]:
 
 def stop(host: SandboxHost) -> None:
     pid = running(host)
+    # end Ansible's ssh master to this address; it would outlive the host
+    sh("ssh", "-o", f"ControlPath={control_path()}", "-O", "exit", f"root@{host.address}", check=False)
     if pid:
-        os.kill(pid, signal.SIGTERM)  # nspawn shuts the container's systemd down cleanly
-        end = time.monotonic() + 20
-        while pid_alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-            time.sleep(0.2)
-    try:
-        if pid:
-            os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+        terminate(pid, grace_s=20)  # SIGTERM: nspawn shuts the container's systemd down cleanly
     if mounted(str(host.root)):
         sh("umount", str(host.root))
     for directory in _cgroup_dirs(host):

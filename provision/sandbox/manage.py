@@ -16,6 +16,7 @@ from provision.sandbox.base import ensure_base
 from provision.sandbox.layout import (
     STATE,
     SandboxHost,
+    control_path,
     inventory_dir,
     key_file,
     known_hosts,
@@ -25,7 +26,7 @@ from provision.sandbox.layout import (
 
 REPO_INVENTORY = Path(__file__).resolve().parent.parent.parent / "inventory"
 HOST_TYPES = ("rtx6000", "b300")
-SSH_OPTIONS = "-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+SSH_OPTIONS = "-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes -o ControlPath={control_path}"
 
 
 def parse_types(text: str) -> dict[str, int]:
@@ -106,6 +107,7 @@ def write_inventory(hosts: list[SandboxHost]) -> None:
         link = inv / "group_vars" / source.name
         if not link.is_symlink():
             link.symlink_to(source)
+    ssh_options = SSH_OPTIONS.format(known_hosts=known_hosts(), control_path=control_path())
     doc = {
         "all": {
             "children": {
@@ -113,7 +115,7 @@ def write_inventory(hosts: list[SandboxHost]) -> None:
                     "vars": {
                         "ansible_user": "root",
                         "ansible_ssh_private_key_file": str(key_file()),
-                        "ansible_ssh_common_args": SSH_OPTIONS.format(known_hosts=known_hosts()),
+                        "ansible_ssh_common_args": ssh_options,
                         "ansible_python_interpreter": "/usr/bin/python3",
                         **differences,
                     },

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 from provision.sandbox.layout import APT_PROXY_PORT, BRIDGE, GATEWAY, STATE, SandboxHost
-from provision.sandbox.system import SandboxError, pid_alive, sh, wait_port
+from provision.sandbox.system import SandboxError, pid_alive, sh, terminate, wait_port
 
 
 def _link_exists(name: str, netns: str | None = None) -> bool:
@@ -86,16 +83,5 @@ def stop_apt_proxy() -> None:
     pid_file = _proxy_dir() / "pid"
     if not pid_file.exists():
         return
-    pid = int(pid_file.read_text())
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + 5
-        while pid_alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+    terminate(int(pid_file.read_text()), grace_s=5)
     pid_file.unlink()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -25,6 +27,22 @@ def pid_alive(pid: int) -> bool:
             return stat.read().split()[2] != "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
+
+
+def terminate(pid: int, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after the grace time; reap it if it is our child."""
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + grace_s
+        while pid_alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 def wait_port(address: str, port: int, deadline_s: float) -> None:
