@@ -1,0 +1,144 @@
+#!/usr/bin/python
+# One read-only look at everything the cuda_toolkit role decides on, in a single round trip.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: cuda_probe
+short_description: Read what the cuda_toolkit role decides on, without changing anything
+description:
+  - Reports the GPU driver versions (or why there are none), which of the given packages are missing,
+    what a pip-built toolkit prefix was built from, where the toolkit home points, the cuda alternative,
+    and the release nvcc reports. Never changes the host; supports check mode.
+options:
+  packages:
+    description: OS packages that must be installed.
+    type: list
+    elements: str
+    default: []
+  home:
+    description: The toolkit home (a directory or a link).
+    type: path
+    required: true
+  marker:
+    description: File holding what a pip-built prefix was built from.
+    type: path
+    required: false
+author: dflash-provision developers
+"""
+
+EXAMPLES = r"""
+- name: Probe the toolkit
+  dflash.provision.cuda_probe:
+    packages: [g++]
+    home: /usr/local/cuda-13.0
+    marker: /opt/dflash-provision/toolkits/cuda-13.0/.dflash-requirements
+"""
+
+RETURN = r"""
+driver_versions:
+  description: One driver version per GPU; empty when there is no driver.
+  type: list
+  returned: always
+driver_missing_reason:
+  description: Why no driver was read (empty when one was).
+  type: str
+  returned: always
+missing_packages:
+  description: The given packages that are not installed.
+  type: list
+  returned: always
+built_from:
+  description: Content of the marker file, empty when absent.
+  type: str
+  returned: always
+home_link:
+  description: Where the home link points, empty when it is not a link (see home_is_dir).
+  type: str
+  returned: always
+home_is_dir:
+  description: Whether the home is a real directory (not a link).
+  type: bool
+  returned: always
+alternative:
+  description: The value of the cuda alternative, empty when there is none.
+  type: str
+  returned: always
+alternatives:
+  description: The registered cuda alternatives.
+  type: list
+  returned: always
+nvcc_release:
+  description: The release nvcc at the home reports (like 13.0), empty when there is no nvcc.
+  type: str
+  returned: always
+"""
+
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def _run(module, args):
+    try:
+        return module.run_command(args)
+    except OSError:  # run_command raises for a missing executable on some versions
+        return 127, "", "not found"
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "packages": {"type": "list", "elements": "str", "default": []},
+            "home": {"type": "path", "required": True},
+            "marker": {"type": "path", "required": False},
+        },
+        supports_check_mode=True,
+    )
+    home, marker = module.params["home"], module.params["marker"]
+    result = {"changed": False}
+
+    smi = module.get_bin_path("nvidia-smi")
+    if smi is None:
+        result.update(driver_versions=[], driver_missing_reason="nvidia-smi is not installed")
+    else:
+        rc, out, err = _run(module, [smi, "--query-gpu=driver_version", "--format=csv,noheader"])
+        versions = [line.strip() for line in out.splitlines() if line.strip()] if rc == 0 else []
+        reason = "" if versions else f"nvidia-smi failed: {(err or out).strip()[:200]}"
+        result.update(driver_versions=versions, driver_missing_reason=reason)
+
+    missing = []
+    for name in module.params["packages"]:
+        rc, out, _ = _run(module, ["dpkg-query", "-W", "-f=${Status}", name])
+        if rc != 0 or "install ok installed" not in out:
+            missing.append(name)
+    result["missing_packages"] = missing
+
+    built_from = ""
+    if marker and os.path.isfile(marker):
+        with open(marker) as handle:
+            built_from = handle.read()
+    result["built_from"] = built_from
+
+    result["home_link"] = os.readlink(home) if os.path.islink(home) else ""
+    result["home_is_dir"] = os.path.isdir(home) and not os.path.islink(home)
+
+    rc, out, _ = _run(module, ["update-alternatives", "--query", "cuda"])
+    value = re.search(r"^Value: (.*)$", out, re.M) if rc == 0 else None
+    result["alternative"] = value.group(1).strip() if value else ""
+    result["alternatives"] = re.findall(r"^Alternative: (.*)$", out, re.M) if rc == 0 else []
+
+    release = ""
+    nvcc = os.path.join(home, "bin", "nvcc")
+    if os.access(nvcc, os.X_OK):
+        rc, out, _ = _run(module, [nvcc, "--version"])
+        found = re.search(r"release (\d+\.\d+),", out) if rc == 0 else None
+        release = found.group(1) if found else ""
+    result["nvcc_release"] = release
+
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
