@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
 DOCUMENTATION = r"""
 module: cuda_probe
 short_description: Read what the cuda_toolkit role decides on, without changing anything
@@ -73,11 +78,6 @@ nvcc_release:
   type: str
   returned: always
 """
-
-import os
-import re
-
-from ansible.module_utils.basic import AnsibleModule
 
 
 def _run(module, args):
