@@ -39,11 +39,10 @@ def _ansible_message(err: BaseException) -> tuple[str, str]:
 
 
 @contextmanager
-def _quiet_ansible() -> Iterator[io.StringIO]:
+def _quiet_ansible() -> Iterator[None]:
     """Ansible prints a warning per inventory plugin it tried; the error we raise says it once."""
-    buffer = io.StringIO()
-    with redirect_stderr(buffer), redirect_stdout(buffer):
-        yield buffer
+    with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
+        yield
 
 
 class Inventory:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import types
 import typing
 from typing import Any
@@ -76,7 +77,7 @@ def check_key(key: str, value: Any, source: str) -> Any:
 
 def apply(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """A copy of `data` with each dotted key set (intermediate sections created as needed)."""
-    out = _copy(data)
+    out = copy.deepcopy(data)
     for key, value in overrides.items():
         node = out
         *parents, leaf = key.split(".")
@@ -88,11 +89,3 @@ def apply(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
             node = child
         node[leaf] = value
     return out
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
