@@ -90,6 +90,9 @@ class SglangBuild(Section):
     )
     dialect: str | None = None
     torch_cuda: str | None = Field(default=None, pattern=CUDA_VERSION)
+    install_deps: bool = Field(
+        default=True, description="false: SGLang alone, beside python_env's packages (hosts without GPUs)"
+    )
 
     @model_validator(mode="after")
     def _source_complete(self) -> SglangBuild:
@@ -117,14 +120,35 @@ class SglangBuild(Section):
         return self.dialect or builds().releases[self.release_name].dialect
 
 
-class TargetModel(Section):
+class ModelFiles(Section):
+    """Where a model's files come from; the model_store role puts them at `path`."""
+
     path: AbsPath
+    source: Literal["present", "huggingface", "copy"] = Field(
+        default="present", description="present: only check the files; huggingface: fetch repo; copy: from copy_from"
+    )
+    repo: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+    revision: str | None = None
+    copy_from: AbsPath | None = Field(default=None, description="a directory on the control node")
+    token_file: AbsPath | None = Field(default=None, description="control-node file (mode 0600) with the HF token")
+    min_free_gb: int | None = Field(default=None, ge=0, description="free space required before fetching")
+
+    @model_validator(mode="after")
+    def _source_complete(self) -> ModelFiles:
+        section = "drafter" if isinstance(self, Drafter) else "model"
+        if self.source == "huggingface" and not self.repo:
+            raise RuleError(f"{section}.repo", "required when source is huggingface (like org/name)")
+        if self.source == "copy" and not self.copy_from:
+            raise RuleError(f"{section}.copy_from", "required when source is copy (a directory on the control node)")
+        return self
+
+
+class TargetModel(ModelFiles):
     served_name: str | None = None
     trust_remote_code: bool = True
 
 
-class Drafter(Section):
-    path: AbsPath
+class Drafter(ModelFiles):
     block_size: int = Field(ge=2, description="the block size the drafter was trained with")
 
 
@@ -208,6 +232,19 @@ class FlashinferSpec(Section):
     workspace_base: AbsPath = "/var/cache/sglang-dflash/flashinfer"
 
 
+class PythonEnvSpec(Section):
+    """The service's virtualenv: torch and Triton pinned to the toolkit, from an index or a wheelhouse."""
+
+    torch: str | None = Field(default=None, description="defaults to the SGLang build's pin")
+    torch_variant: Literal["cuda", "cpu"] = Field(default="cuda", description="cuda: the build for torch's CUDA")
+    torch_index_url: str | None = Field(
+        default=None, description="defaults to download.pytorch.org's index for the variant; empty: none"
+    )
+    index_url: str | None = Field(default=None, description="the package index; default: pip's own")
+    wheelhouse: bool = Field(default=True, description="the control node downloads once and ships to the hosts")
+    extra_requirements: list[str] = []
+
+
 class ServiceSpec(Section):
     name: str = Field(default="sglang-dflash", pattern=r"^[a-zA-Z0-9_.-]+$")
     user: str = Field(default="sglang", pattern=r"^[a-z_][a-z0-9_-]*$")
@@ -241,6 +278,7 @@ class Deployment(Section):
     serve: Serve = Serve()
     triton: TritonSpec = TritonSpec()
     flashinfer: FlashinferSpec = FlashinferSpec()
+    python_env: PythonEnvSpec = PythonEnvSpec()
     service: ServiceSpec = ServiceSpec()
     multinode: MultiNode | None = None
 

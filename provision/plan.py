@@ -41,6 +41,8 @@ class DriverPlan(BaseModel):
 class TritonPlan(BaseModel):
     version: str
     target: str
+    cc: int
+    bundled_knows: bool | None
     ptxas_override: bool
     reason: str
 
@@ -60,6 +62,16 @@ class SglangPlan(BaseModel):
     dialect: str
     torch: str
     torch_cuda: str
+    requirement: str
+    install_deps: bool
+
+
+class PythonEnvPlan(BaseModel):
+    venv: str
+    requirements: list[str]
+    torch_index_url: str | None
+    index_url: str | None
+    wheelhouse: bool
 
 
 class NodePlan(BaseModel):
@@ -77,6 +89,7 @@ class Plan(BaseModel):
     triton: TritonPlan
     flashinfer: FlashinferPlan
     sglang: SglangPlan
+    python_env: PythonEnvPlan
     multinode: NodePlan | None
     config: Deployment
     env: dict[str, str]
@@ -179,7 +192,45 @@ def plan_triton(dep: Deployment) -> TritonPlan:
         override, reason = False, f"bundled (triton.ptxas=bundled); {bundled_says}"
     else:
         override, reason = not knows, bundled_says
-    return TritonPlan(version=version, target=target, ptxas_override=override, reason=reason)
+    return TritonPlan(
+        version=version,
+        target=target,
+        cc=int(dep.gpu.arch.replace(".", "")),
+        bundled_knows=knows if bundled is not None else None,
+        ptxas_override=override,
+        reason=reason,
+    )
+
+
+def sglang_requirement(dep: Deployment) -> str:
+    """The pip requirement of the SGLang build (its package lives in the repository's python/)."""
+    build = dep.sglang
+    if build.source == "git":
+        return f"sglang @ git+{build.git_url}@{build.git_ref}#subdirectory=python"
+    if build.source == "wheel":
+        assert build.wheel is not None  # the model requires it for this source
+        return build.wheel if "://" in build.wheel else f"sglang @ file://{build.wheel}"
+    return f"sglang=={build.version}"
+
+
+def plan_python_env(dep: Deployment, triton: TritonPlan) -> PythonEnvPlan:
+    """torch and Triton pinned to the build; torch's index chosen for its CUDA build (or CPU)."""
+    spec, release = dep.python_env, builds().releases[dep.sglang.release_name]
+    index = spec.torch_index_url
+    if index is None:
+        # PyPI's torch is the release's CUDA build; another CUDA build or the CPU one has its own index
+        if spec.torch_variant == "cpu":
+            index = "https://download.pytorch.org/whl/cpu"
+        elif dep.torch_cuda != release.torch_cuda:
+            index = "https://download.pytorch.org/whl/cu" + dep.torch_cuda.replace(".", "")
+    requirements = [f"torch=={spec.torch or release.torch}", f"triton=={triton.version}", *spec.extra_requirements]
+    return PythonEnvPlan(
+        venv=dep.service.venv,
+        requirements=requirements,
+        torch_index_url=index or None,
+        index_url=spec.index_url,
+        wheelhouse=spec.wheelhouse,
+    )
 
 
 def flashinfer_arch(arch: str, cuda_version: str) -> str:
@@ -239,9 +290,12 @@ def build_plan(dep: Deployment, host: str, groups: list[str], addresses: dict[st
             git_ref=dep.sglang.git_ref if dep.sglang.source == "git" else None,
             wheel=dep.sglang.wheel if dep.sglang.source == "wheel" else None,
             dialect=dep.sglang.dialect_name,
-            torch=release.torch,
+            torch=dep.python_env.torch or release.torch,
             torch_cuda=dep.torch_cuda,
+            requirement=sglang_requirement(dep),
+            install_deps=dep.sglang.install_deps,
         ),
+        python_env=plan_python_env(dep, triton),
         multinode=nodes,
         config=dep,
         env=env,

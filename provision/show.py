@@ -28,9 +28,12 @@ def _facts(plan: Plan) -> Table:
     )
     table.add_row("FlashInfer", f"{fi.version}, FLASHINFER_CUDA_ARCH_LIST={fi.arch_list}")
     build = {"release": sgl.version, "git": f"{sgl.git_url} @ {sgl.git_ref}", "wheel": sgl.wheel}[sgl.source]
-    table.add_row(
-        "SGLang", f"{sgl.source} {build} (dialect {sgl.dialect}; torch {sgl.torch} for CUDA {sgl.torch_cuda})"
-    )
+    deps = "" if sgl.install_deps else ", without its dependencies"
+    table.add_row("SGLang", f"{sgl.source} {build} (dialect {sgl.dialect}{deps})")
+    env = plan.python_env
+    source = "wheelhouse shipped from the control node" if env.wheelhouse else "the hosts' index"
+    extra = f" (+ {env.torch_index_url})" if env.torch_index_url else ""
+    table.add_row("Python env", f"{env.venv}: {', '.join(env.requirements[:2])}; {source}{extra}")
     serve = plan.config.serve
     parallel = f"tp {serve.tp}, ep {serve.ep}, pp {serve.pp}, dp-attention {'on' if serve.dp_attention else 'off'}"
     table.add_row("parallelism", parallel)

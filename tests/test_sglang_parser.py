@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ARGCHECK = Path(__file__).resolve().parent.parent / "provision" / "sglang_argcheck.py"
+ARGCHECK = Path(__file__).resolve().parent.parent / "roles" / "sglang" / "files" / "sglang_argcheck.py"
 # .ci/setup builds it beside the repository
 LOCAL = Path(__file__).resolve().parent.parent / ".venv-sglang" / "bin" / "python"
 SGLANG_PYTHON = os.environ.get("SGLANG_PYTHON") or (str(LOCAL) if LOCAL.exists() else None)

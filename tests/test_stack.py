@@ -1,11 +1,13 @@
-"""The cuda_toolkit role on fresh sandbox hosts: dry run, apply, re-apply, and real compiles per arch.
+"""The CUDA stack's roles on fresh sandbox hosts: dry run, apply, re-apply, and real compiles per arch.
 
-Needs what test_sandbox.py needs. The toolkit comes from NVIDIA's PyPI wheels (the sandbox's one
-difference from production, provision/data/sandbox.yml), downloaded once by the control node.
+Needs what test_sandbox.py needs. What the sandbox hosts differ in from production (toolkit and
+torch from PyPI wheels, torch's CPU build, SGLang's release build) is in provision/data/sandbox.yml;
+the control node downloads every wheel once and ships it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sysconfig
@@ -61,7 +63,11 @@ def test_check_mode_on_fresh_hosts_changes_nothing(fresh_hosts, applied) -> None
     assert rc == 0, out
     assert set(recap(out)) == {"rtx6000-sbx", "b300-sbx"}
     for host in fresh_hosts.values():
-        proc = on(host, "test ! -e /usr/local/cuda-13.0 && test ! -e /var/cache/dflash-provision && ! dpkg -s g++")
+        proc = on(
+            host,
+            "test ! -e /usr/local/cuda-13.0 && test ! -e /var/cache/dflash-provision && ! dpkg -s g++"
+            " && test ! -e /opt/sglang-dflash && ! getent passwd sglang && test ! -e /opt/dflash-provision",
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -109,3 +115,48 @@ def test_cuda_12_8_cannot_build_sm_103a(tmp_path: Path) -> None:
     assert "Value 'sm_103a' is not defined for option 'gpu-name'" in refused.stderr
     version = subprocess.run([str(PTXAS_12_8), "--version"], capture_output=True, text=True, check=True).stdout
     assert "release 12.8" in version
+
+
+VENV = "/opt/sglang-dflash/venv"
+AOT = "/opt/dflash-provision/libexec/triton_aot.py"
+
+
+def plan_env(host: str) -> dict[str, str]:
+    proc = subprocess.run(
+        [str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "provision"), "plan", "--host", host,
+         "--sandbox", "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(proc.stdout)["env"]
+
+
+@pytest.mark.parametrize(("host_type", "cc"), [("b300", 103), ("rtx6000", 120)])
+def test_triton_compiles_for_the_arch_with_the_roles_environment(fresh_hosts, applied, host_type: str, cc: int) -> None:
+    host = fresh_hosts[host_type]
+    env = {k: v for k, v in plan_env(host.name).items() if k.startswith("TRITON_")}
+    assigns = " ".join(f"{k}={v}" for k, v in env.items())
+    proc = on(host, f"{assigns} {VENV}/bin/python3 {AOT} --cc {cc}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    result = json.loads(proc.stdout.decode().splitlines()[-1])
+    assert result["ok"] and result["cubin_bytes"] > 0 and result["triton"] == "3.8.0"
+    # the cache the service keeps, owned by its account
+    owner = on(host, "stat -c %U:%a /var/cache/sglang-dflash/triton").stdout.decode().strip()
+    assert owner == "sglang:750"
+
+
+def test_sglang_refuses_a_launch_command_its_parser_rejects(applied) -> None:
+    """DDTREE on the release build: the plan allows it (the dialect is claimed), the build's parser does not."""
+    rc, out = applied("--limit", "b300-sbx", "--set", "sglang.dialect=ddtree-pr29907", "--set", "serve.algorithm=DDTREE")
+    assert rc != 0, out
+    assert "the installed SGLang (sglang==0.5.23, dialect ddtree-pr29907) refuses the launch command" in out
+    assert "unrecognized arguments: --speculative-ddtree-budget 8" in out
+
+
+def test_triton_3_5_needs_the_toolkit_ptxas_for_sm_103a(fresh_hosts, applied) -> None:
+    """Triton 3.5's bundled ptxas (CUDA 12.8) refuses sm_103a; with the override it compiles. Runs last: it
+    leaves Triton 3.5.1 in the b300 host's venv."""
+    rc, out = applied("--limit", "b300-sbx", "--set", "triton.version=3.5.1")
+    assert rc == 0, out
+    assert "Triton 3.5.1 bundled ptxas: refused sm_103a" in out
+    assert "Value 'sm_103a' is not defined for option 'gpu-name'" in out
+    assert "with the toolkit ptxas (TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH): compiled sm_103a" in out
