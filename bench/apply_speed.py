@@ -2,8 +2,9 @@
 
   no-op re-apply / floor : `provision apply`, and plain ansible-playbook, on an applied host vs
                            bench/floor.yml (gather the same facts, ping)
-  fleet 3 / fleet 1      : applying to 3 fresh b300 hosts vs 1 fresh one, each with a cold control-side
-                           wheelhouse (the wheels are downloaded once per run, for the whole fleet)
+  fleet 3 / fleet 1      : applying to 3 fresh b300 hosts vs 1 fresh one, each with cold control-side
+                           caches (the wheels are downloaded and the FlashInfer modules built once per
+                           run, for the whole fleet)
 
 Usage: .venv/bin/python bench/apply_speed.py [--repeat N]
 """
@@ -40,10 +41,12 @@ def fresh(hosts: str) -> None:
 
 
 def apply_cold(state: Path, target: str) -> float:
-    with tempfile.TemporaryDirectory(prefix="wheelhouse-") as wheelhouse:
+    """A first apply with empty control-side caches: every wheel downloaded, every FlashInfer module built."""
+    with tempfile.TemporaryDirectory(prefix="control-cache-") as cache:
         return timed(
             PROVISION, "apply", "--host", target, "--sandbox", "--state-dir", str(state),
-            "-e", f"cuda_toolkit_wheelhouse={wheelhouse}",
+            "-e", f"cuda_toolkit_wheelhouse={cache}/cuda", "-e", f"python_env_wheelhouse={cache}/wheels",
+            "-e", f"flashinfer_control_cache={cache}/flashinfer",
         )  # fmt: skip
 
 

@@ -7,12 +7,17 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from provision import __version__, overrides
 from provision.errors import InputError
 from provision.sandbox.system import SandboxError
+
+if TYPE_CHECKING:
+    from provision.inventory import Inventory
+    from provision.plan import Plan
 
 DEFAULT_INVENTORY = Path(os.environ.get("PROVISION_INVENTORY", "inventory"))
 DEFAULT_STATE = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "dflash-provision" / "runs"
@@ -56,6 +61,37 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("-e", "--extra-vars", action="append", default=[], metavar="K=V", help="extra variable")
     apply.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help="where run records are kept")
 
+    verify = subs.add_parser("verify", help="testinfra checks of GPUs, kernel JIT and the service on each host")
+    _common(verify)
+    verify.add_argument("--out", type=Path, default=Path("verify-report"), help="where the JUnit and JSON reports go")
+
+    discover = subs.add_parser("discover", help="read a host's GPUs and compare them with the inventory's profile")
+    _common(discover)
+
+    reconf = subs.add_parser("reconfigure", help="switch the serving config safely (lock, drain, ready, roll back)")
+    _common(reconf)
+    reconf.add_argument(
+        "--allow-untrained-depth", action="store_true", help="allow a block size above the drafter's trained one"
+    )
+    reconf.add_argument("--serial", type=int, help="roll through the hosts N at a time (default: all at once)")
+
+    status = subs.add_parser("status", help="the service's state, serving and last good config, acceptance, GPU memory")
+    _common(status)
+
+    sweep = subs.add_parser("sweep", help="benchmark each config of a matrix on one host; report the table")
+    _common(sweep)
+    sweep.add_argument(
+        "--matrix", type=Path, required=True, help="configs and grid (sweeps/seed.yml, sweeps/quick.yml)"
+    )
+    sweep.add_argument("--out", type=Path, required=True, help="results.jsonl and the report go here")
+    sweep.add_argument("--resume", action="store_true", help="skip the cells recorded in --out; redo none")
+    sweep.add_argument("--keep", choices=["start", "best"], default="start", help="the config left serving")
+
+    logs = subs.add_parser("logs", help="the service's journal")
+    _common(logs)
+    logs.add_argument("-n", type=int, default=100, help="lines (default 100)")
+    logs.add_argument("--follow", action="store_true")
+
     sandbox = subs.add_parser("sandbox", help="local test hosts (systemd-nspawn), for tests and trials")
     verbs = sandbox.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     sb_up = verbs.add_parser("up", help="bring up one host per type (keeps running ones)")
@@ -76,11 +112,14 @@ def _inventory_path(args: argparse.Namespace) -> Path:
     return args.inventory
 
 
-def _plans(args: argparse.Namespace) -> list:
+def _inventory(args: argparse.Namespace) -> Inventory:
     from provision.inventory import Inventory  # Ansible is slow to import: only when needed
 
-    inventory = Inventory(_inventory_path(args))
-    return inventory.plans(args.host, overrides.split_set(args.set_))
+    return Inventory(_inventory_path(args))
+
+
+def _plans(args: argparse.Namespace) -> list[Plan]:
+    return _inventory(args).plans(args.host, overrides.split_set(args.set_))
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
@@ -127,6 +166,47 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
     )
 
 
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    from provision.verify.run import verify
+
+    return verify(_plans(args), _inventory_path(args), args.out, console)
+
+
+def cmd_discover(args: argparse.Namespace, console: Console) -> int:
+    from provision.discover import discover
+
+    return max(discover(plan, _inventory_path(args), console) for plan in _plans(args))
+
+
+def cmd_reconfigure(args: argparse.Namespace, console: Console) -> int:
+    from provision.reconfigure import reconfigure
+
+    if args.serial is not None and args.serial < 1:
+        raise InputError("--serial", str(args.serial), "must be 1 or more")
+    cli_set = overrides.split_set(args.set_)
+    return reconfigure(_inventory(args), args.host, cli_set, args.allow_untrained_depth, args.serial, console)
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    from provision.reconfigure import status
+
+    return status(_inventory(args), args.host, console)
+
+
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from provision.sweep import sweep
+
+    if args.set_:
+        raise InputError("--set", "", "a sweep takes its settings from --matrix; put them in the matrix's configs")
+    return sweep(_inventory(args), args.host, args.matrix, args.out, args.resume, args.keep, console)
+
+
+def cmd_logs(args: argparse.Namespace, console: Console) -> int:
+    from provision.reconfigure import logs
+
+    return logs(_inventory(args), args.host, args.n, args.follow)
+
+
 def cmd_sandbox(args: argparse.Namespace, console: Console) -> int:
     from provision.sandbox import manage
 
@@ -159,7 +239,17 @@ def cmd_sandbox(args: argparse.Namespace, console: Console) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
-    commands = {"plan": cmd_plan, "apply": cmd_apply, "sandbox": cmd_sandbox}
+    commands = {
+        "plan": cmd_plan,
+        "apply": cmd_apply,
+        "verify": cmd_verify,
+        "discover": cmd_discover,
+        "reconfigure": cmd_reconfigure,
+        "status": cmd_status,
+        "logs": cmd_logs,
+        "sweep": cmd_sweep,
+        "sandbox": cmd_sandbox,
+    }
     try:
         return commands[args.command](args, console)
     except InputError as err:

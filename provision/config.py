@@ -227,9 +227,17 @@ class TritonSpec(Section):
     cache_dir: AbsPath = "/var/cache/sglang-dflash/triton"
 
 
+FLASHINFER_MODULES = ("activation", "norm", "sampling", "rope", "page", "cascade", "batch_mla", "batch_prefill_mla",
+                      "fmha_cutlass_mla")  # fmt: skip
+
+
 class FlashinferSpec(Section):
     arch_list: str | None = Field(default=None, description="defaults to the arch in FlashInfer's spelling")
     workspace_base: AbsPath = "/var/cache/sglang-dflash/flashinfer"
+    aot_modules: list[Literal[FLASHINFER_MODULES]] = Field(  # type: ignore[valid-type]
+        default=["norm", "batch_mla"], description="built ahead of time once per arch and shipped to the others"
+    )
+    max_jobs: int | None = Field(default=None, ge=1, description="nvcc jobs; default: sized to cores and memory")
 
 
 class PythonEnvSpec(Section):
@@ -250,8 +258,13 @@ class ServiceSpec(Section):
     user: str = Field(default="sglang", pattern=r"^[a-z_][a-z0-9_-]*$")
     venv: AbsPath = "/opt/sglang-dflash/venv"
     config_dir: AbsPath = "/etc/sglang-dflash"
-    start_timeout_s: int = Field(default=1800, ge=30, description="a 590B model loads for minutes")
+    start_timeout_s: int = Field(default=1800, ge=5, description="a 590B model loads for minutes")
     stop_timeout_s: int = Field(default=180, ge=5, description="SIGTERM drains in-flight requests first")
+    launcher: Literal["sglang", "standin"] = Field(
+        default="sglang", description="standin: hosts without GPUs run the SGLang stand-in (tests/standin), same argv"
+    )
+    standin_path: AbsPath = "/opt/dflash-provision/libexec/sglang_standin.py"
+    limit_nofile: int = Field(default=65536, ge=1024, description="open files (SGLang raises its soft limit to it)")
 
 
 class MultiNode(Section):

@@ -105,6 +105,14 @@ class Inventory:
             source, text = _ansible_message(err)
             raise InputError(source or str(self.path), "", f"cannot read variables of {host}: {text}") from None
 
+    def connection(self, host: str) -> dict[str, str]:
+        """The host's ansible_* connection variables, templated: how day-2 commands reach it, as Ansible does."""
+        raw = self._raw_vars(host)
+        templar = Templar(loader=self.loader, variables=raw)
+        keys = ("ansible_host", "ansible_port", "ansible_user", "ansible_connection", "ansible_ssh_private_key_file",
+                "ansible_ssh_common_args")  # fmt: skip
+        return {k: str(templar.template(raw[k])) for k in keys if raw.get(k) is not None}
+
     def addresses(self) -> dict[str, str]:
         return {h.name: str(h.vars.get("ansible_host", h.name)) for h in self.manager.get_hosts()}
 

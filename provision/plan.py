@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from provision.config import Deployment, RuleError
-from provision.render import argv_for, env_file_text, unit_text
+from provision.render import argv_for, env_file_text, launcher, unit_text
 from provision.tables import builds, compat, version_tuple
 
 
@@ -51,6 +51,9 @@ class FlashinferPlan(BaseModel):
     version: str
     arch_list: str
     workspace_base: str
+    requirement: str
+    aot_modules: list[str]
+    max_jobs: int | None
 
 
 class SglangPlan(BaseModel):
@@ -94,6 +97,8 @@ class Plan(BaseModel):
     config: Deployment
     env: dict[str, str]
     argv: list[str]
+    server_args: list[str]
+    service_address: str
     env_file: str
     unit: str
     notes: list[str]
@@ -263,6 +268,9 @@ def build_plan(dep: Deployment, host: str, groups: list[str], addresses: dict[st
         version=release.flashinfer,
         arch_list=dep.flashinfer.arch_list or flashinfer_arch(dep.gpu.arch, cuda.version),
         workspace_base=dep.flashinfer.workspace_base,
+        requirement=f"flashinfer-python=={release.flashinfer}",
+        aot_modules=list(dep.flashinfer.aot_modules),
+        max_jobs=dep.flashinfer.max_jobs,
     )
     nodes = plan_nodes(dep, host, addresses)
     dialect = builds().resolved_dialect(dep.sglang.dialect_name)
@@ -300,6 +308,9 @@ def build_plan(dep: Deployment, host: str, groups: list[str], addresses: dict[st
         config=dep,
         env=env,
         argv=argv,
+        server_args=argv[len(launcher(dep)) :],
+        # where the host itself reaches the server (a wildcard bind is reached on loopback)
+        service_address={"0.0.0.0": "127.0.0.1", "::": "::1"}.get(dep.serve.host, dep.serve.host),
         notes=notes,
     )
     return Plan(**plan_fields, env_file=env_file_text(env), unit=unit_text(dep, argv))

@@ -75,7 +75,15 @@ def argv_for(dep: Deployment, dialect: Dialect, nodes: NodePlan | None) -> tuple
     if serve.metrics:
         args.append("--enable-metrics")
     args += serve.extra_args
-    return [f"{dep.service.venv}/bin/python3", "-m", "sglang.launch_server", *args], env
+    return [*launcher(dep), *args], env
+
+
+def launcher(dep: Deployment) -> list[str]:
+    """The executable part of the command line; the stand-in takes exactly SGLang's arguments."""
+    python = f"{dep.service.venv}/bin/python3"
+    if dep.service.launcher == "standin":
+        return [python, dep.service.standin_path]
+    return [python, "-m", "sglang.launch_server"]
 
 
 def systemd_quote(arg: str) -> str:

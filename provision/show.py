@@ -53,10 +53,10 @@ def _facts(plan: Plan) -> Table:
     return table
 
 
-def _command(argv: list[str]) -> str:
-    """Shell-quoted, one option and its value per line."""
-    lines = [shlex.join(argv[:3])]
-    for arg in argv[3:]:
+def _command(argv: list[str], args: list[str]) -> str:
+    """Shell-quoted, the executable part first, then one option and its value per line."""
+    lines = [shlex.join(argv[: len(argv) - len(args)])]
+    for arg in args:
         if arg.startswith("--") or len(lines) == 1:
             lines.append(shlex.quote(arg))
         else:
@@ -73,7 +73,7 @@ def print_plan(plan: Plan, console: Console) -> None:
     body = Group(
         _facts(plan),
         Panel(env, title="environment", title_align="left"),
-        Panel(_command(plan.argv), title="launch command", title_align="left"),
+        Panel(_command(plan.argv, plan.server_args), title="launch command", title_align="left"),
         Panel(Syntax(plan.unit, "ini", word_wrap=True), title="systemd unit", title_align="left"),
     )
     console.print(Panel(body, title=f"[bold]{plan.host}[/] ({', '.join(plan.groups)})", title_align="left"))

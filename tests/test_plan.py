@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from provision.render import API_KEY_REF
+from tests.conftest import ROOT
 
 
 def test_rtx6000_seed_plan(plan_json) -> None:
@@ -169,8 +170,18 @@ def _leaf_keys(model: type, prefix: str = "") -> list[str]:
 
 def test_readme_documents_every_config_key() -> None:
     from provision.config import Deployment
-    from tests.conftest import ROOT
 
     readme = (ROOT / "README.md").read_text()
     missing = [key for key in _leaf_keys(Deployment) if f"`{key}`" not in readme]
     assert not missing, f"README's key table lacks {missing}"
+
+
+def test_discover_reads_the_interconnect_from_nvidia_smi_topo() -> None:
+    from provision.discover import interconnect
+
+    h200 = (ROOT / "docs" / "h200" / "topo.txt").read_text()  # a real one-GPU machine
+    nvlink = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV18\t0-63\nGPU1\tNV18\t X \t0-63\n"
+    pcie = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-63\nGPU1\tPHB\t X \t0-63\n"
+    assert interconnect(h200) == "single"
+    assert interconnect(nvlink) == "nvlink"
+    assert interconnect(pcie) == "pcie"

@@ -8,6 +8,7 @@ the control node downloads every wheel once and ships it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sysconfig
@@ -39,8 +40,8 @@ def fresh_hosts():
     # fresh hosts: a dry run must find everything still to do
     assert main(["sandbox", "down"]) == 0
     assert main(["sandbox", "up", "--hosts", "rtx6000,b300"]) == 0
-    yield {h.type: h for h in layout.load_hosts()}
-    main(["sandbox", "down"])
+    # left up: test_stack_day2.py goes on with these applied hosts and brings them down
+    return {h.type: h for h in layout.load_hosts()}
 
 
 @pytest.fixture(scope="module")
@@ -121,19 +122,19 @@ VENV = "/opt/sglang-dflash/venv"
 AOT = "/opt/dflash-provision/libexec/triton_aot.py"
 
 
-def plan_env(host: str) -> dict[str, str]:
+def host_plan(host: str) -> dict:
     proc = subprocess.run(
         [str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "provision"), "plan", "--host", host,
          "--sandbox", "--json"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    return json.loads(proc.stdout)["env"]
+    return json.loads(proc.stdout)
 
 
 @pytest.mark.parametrize(("host_type", "cc"), [("b300", 103), ("rtx6000", 120)])
 def test_triton_compiles_for_the_arch_with_the_roles_environment(fresh_hosts, applied, host_type: str, cc: int) -> None:
     host = fresh_hosts[host_type]
-    env = {k: v for k, v in plan_env(host.name).items() if k.startswith("TRITON_")}
+    env = {k: v for k, v in host_plan(host.name)["env"].items() if k.startswith("TRITON_")}
     assigns = " ".join(f"{k}={v}" for k, v in env.items())
     proc = on(host, f"{assigns} {VENV}/bin/python3 {AOT} --cc {cc}")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
@@ -146,10 +147,90 @@ def test_triton_compiles_for_the_arch_with_the_roles_environment(fresh_hosts, ap
 
 def test_sglang_refuses_a_launch_command_its_parser_rejects(applied) -> None:
     """DDTREE on the release build: the plan allows it (the dialect is claimed), the build's parser does not."""
-    rc, out = applied("--limit", "b300-sbx", "--set", "sglang.dialect=ddtree-pr29907", "--set", "serve.algorithm=DDTREE")
+    rc, out = applied(
+        "--limit", "b300-sbx", "--set", "sglang.dialect=ddtree-pr29907", "--set", "serve.algorithm=DDTREE"
+    )
     assert rc != 0, out
     assert "the installed SGLang (sglang==0.5.23, dialect ddtree-pr29907) refuses the launch command" in out
     assert "unrecognized arguments: --speculative-ddtree-budget 8" in out
+
+
+def exposure(host: layout.SandboxHost) -> float:
+    out = on(host, "systemd-analyze security sglang-dflash.service --no-pager").stdout.decode()
+    found = re.search(r"Overall exposure level for sglang-dflash.service: ([0-9.]+)", out)
+    assert found, out[-2000:]
+    return float(found[1])
+
+
+def http_code(host: layout.SandboxHost, path: str, key: str | None = None) -> str:
+    auth = f"-H 'Authorization: Bearer {key}'" if key else ""
+    return on(host, f"curl -s -o /dev/null -w %{{http_code}} {auth} http://127.0.0.1:30000{path}").stdout.decode()
+
+
+@pytest.mark.parametrize("host_type", ["b300", "rtx6000"])
+def test_service_serves_behind_the_standin_hardened(fresh_hosts, applied, host_type: str) -> None:
+    host = fresh_hosts[host_type]
+    unit = "sglang-dflash"
+    pid = f"$(systemctl show -p MainPID --value {unit})"
+    script = f"systemctl is-active {unit}; systemctl is-enabled {unit}; ps -o user= -p {pid}"
+    state = on(host, script).stdout.decode().split()
+    assert state == ["active", "enabled", "sglang"]
+    assert exposure(host) <= 5.0
+    plan = host_plan(host.name)
+    assert on(host, "cat /etc/systemd/system/sglang-dflash.service").stdout.decode() == plan["unit"]
+    assert "SGLang stand-in" in plan["unit"]
+    key = on(
+        host, "stat -c %a:%U /etc/sglang-dflash/api_key /etc/sglang-dflash/secrets.env; cat /etc/sglang-dflash/api_key"
+    )
+    mode_key, mode_secrets, value = key.stdout.decode().split()
+    assert mode_key == mode_secrets == "600:root" and len(value) == 40
+    assert http_code(host, "/health_generate") == "200"
+    assert http_code(host, "/v1/models") == "401"
+    assert http_code(host, "/v1/models", value) == "200"
+    assert http_code(host, "/metrics") == "200"
+    # with speculative decoding on, the server reports its acceptance (the stand-in's figure, not a GPU's)
+    info = on(host, f"curl -s -H 'Authorization: Bearer {value}' http://127.0.0.1:30000/get_server_info").stdout
+    args = json.loads(info)
+    assert args["standin"] is True and args["speculative_algorithm"] == "DFLASH"
+
+
+def test_reapply_keeps_the_service_running_and_the_key_out_of_the_output(fresh_hosts, applied) -> None:
+    host = fresh_hosts["b300"]
+    pid = on(host, "systemctl show -p MainPID --value sglang-dflash").stdout.decode().strip()
+    rc, out = applied("--limit", "b300-sbx")
+    assert rc == 0, out
+    assert recap(out)["b300-sbx"][1] == 0
+    assert on(host, "systemctl show -p MainPID --value sglang-dflash").stdout.decode().strip() == pid
+    key = on(host, "cat /etc/sglang-dflash/api_key").stdout.decode().strip()
+    assert key not in out
+
+
+def test_verify_passes_with_the_gpu_checks_skipped(applied, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "provision"), "verify", "--host", "all",
+         "--sandbox", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    records = json.loads((tmp_path / "verify.json").read_text())
+    by = {(r["host"], r["check"]): r for r in records}
+    assert {h for h, _ in by} == {"rtx6000-sbx", "b300-sbx"}
+    for host in ("rtx6000-sbx", "b300-sbx"):
+        for check in ("gpus_match_the_profile", "triton_runs_on_every_gpu", "flashinfer_builds_and_runs_on_every_gpu"):
+            assert by[host, check]["outcome"] == "skipped"
+            assert by[host, check]["reason"] == f"no GPU on {host}: nvidia-smi is not installed"
+        for check in (
+            "nvcc_compiles_for_the_arch",
+            "triton_compiles_for_the_arch",
+            "health_generate_answers_200",
+            "a_completion_returns_tokens",
+            "a_request_without_the_key_is_refused",
+            "listens_only_on_the_configured_address",
+            "speculative_decoding_accepts_more_than_one_token",
+        ):
+            assert by[host, check]["outcome"] == "passed", by[host, check]
+    assert "passed (stand-in)" in proc.stdout
+    assert (tmp_path / "verify.xml").read_text().startswith("<?xml")
 
 
 def test_triton_3_5_needs_the_toolkit_ptxas_for_sm_103a(fresh_hosts, applied) -> None:

@@ -100,7 +100,8 @@ def exec_in(name: str, command: list[str]) -> int:
 
 def write_inventory(hosts: list[SandboxHost]) -> None:
     """Groups that mirror production's, the same group_vars (linked), and data/sandbox.yml's differences."""
-    differences = yaml.safe_load(resources.files("provision").joinpath("data", "sandbox.yml").read_text())
+    text = resources.files("provision").joinpath("data", "sandbox.yml").read_text()
+    differences = yaml.safe_load(text.replace("{repo}", str(REPO_INVENTORY.parent)))
     inv = inventory_dir()
     (inv / "group_vars").mkdir(parents=True, exist_ok=True)
     for source in sorted((REPO_INVENTORY / "group_vars").glob("*.yml")):

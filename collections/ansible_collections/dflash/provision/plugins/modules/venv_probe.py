@@ -96,7 +96,7 @@ def _dir_state(path):
     if not os.path.isdir(path):
         return ""
     info = os.stat(path)
-    return "%s:%s:%04o" % (pwd.getpwuid(info.st_uid).pw_name, grp.getgrgid(info.st_gid).gr_name, info.st_mode & 0o7777)
+    return f"{pwd.getpwuid(info.st_uid).pw_name}:{grp.getgrgid(info.st_gid).gr_name}:{info.st_mode & 0o7777:04o}"
 
 
 def _user_entry(name):
@@ -104,7 +104,7 @@ def _user_entry(name):
         entry = pwd.getpwnam(name) if name else None
     except KeyError:
         entry = None
-    return "%s:%s" % (entry.pw_dir, entry.pw_shell) if entry else ""
+    return f"{entry.pw_dir}:{entry.pw_shell}" if entry else ""
 
 
 def main():
@@ -132,7 +132,7 @@ def main():
             missing.append(name)
     module.exit_json(
         changed=False,
-        python="%d.%d" % sys.version_info[:2],
+        python="{}.{}".format(*sys.version_info[:2]),
         glibc=os.confstr("CS_GNU_LIBC_VERSION").split()[-1],
         machine=platform.machine(),
         venv_exists=os.access(os.path.join(venv, "bin", "python3"), os.X_OK),

@@ -1,0 +1,185 @@
+"""`provision reconfigure`, `status` and `logs`: day-2 work on the serving hosts.
+
+The new config is validated by the models and by the installed build's own parser before any host
+is touched; the switch itself runs on the host (roles/sglang_service/files/service_switch.py) under
+a per-host lock, and rolls back to the last good config when the new one does not become ready.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from provision.errors import InputError
+from provision.inventory import Inventory
+from provision.plan import Plan
+from provision.remote import Remote
+
+ROLES = Path(__file__).resolve().parent.parent / "roles"
+SWITCH = ROLES / "sglang_service" / "files" / "service_switch.py"
+ARGCHECK = "/opt/dflash-provision/libexec/sglang_argcheck.py"
+STATE_DIR = "/var/lib/dflash-provision/serving"
+LOCKED = 3  # service_switch.py's exit code when another switch holds the host's lock
+
+
+@dataclass
+class Outcome:
+    host: str
+    code: int
+    result: dict[str, Any]
+
+
+def trained_block_size(remote: Remote, plan: Plan) -> int | None:
+    """The drafter's trained block size from its config.json on the host (model_store's drafter.json), if readable."""
+    path = f"{plan.config.service.config_dir}/drafter.json"
+    proc = remote.run(f"cat {shlex.quote(path)}", timeout=30)
+    if proc.returncode != 0:
+        return None
+    record = json.loads(proc.stdout)
+    return int(record["block_size"]) if record.get("source") == "config.json" else None
+
+
+def check_with_parser(remote: Remote, plan: Plan) -> None:
+    python = f"{plan.python_env.venv}/bin/python3"
+    proc = remote.run(f"{shlex.quote(python)} {ARGCHECK} {shlex.quote(json.dumps(plan.server_args))}", timeout=120)
+    if proc.returncode == 1:
+        verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise InputError("--set", "", f"the SGLang build on {plan.host} refuses the new command: {verdict['error']}")
+    if proc.returncode != 0:
+        raise InputError("", plan.host, f"cannot ask the installed SGLang's parser: {proc.stderr.strip()[-300:]}")
+
+
+def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_untrained: bool,
+             console: Console) -> list[tuple[Plan, Remote]]:  # fmt: skip
+    """Each host's new plan, its block size judged against the drafter's own config.json where readable."""
+    out = []
+    base = inventory.plans(target, cli_set)
+    for plan in base:
+        remote = Remote.from_vars(plan.host, inventory.connection(plan.host))
+        extra: dict[str, Any] = {}
+        trained = trained_block_size(remote, plan)
+        if trained is not None and plan.config.drafter and trained != plan.config.drafter.block_size:
+            console.print(f"{plan.host}: the drafter's config.json says block size {trained} "
+                          f"(the inventory says {plan.config.drafter.block_size}); using {trained}")  # fmt: skip
+        if trained is not None:
+            extra["drafter.block_size"] = str(trained)
+        if allow_untrained:
+            extra["serve.allow_untrained_depth"] = "true"
+        new = inventory.plans(plan.host, {**cli_set, **extra})[0] if extra else plan
+        if allow_untrained and new.config.drafter and new.config.serve.block_size > new.config.drafter.block_size:
+            size, trained_at = new.config.serve.block_size, new.config.drafter.block_size
+            console.print(f"[yellow]warning[/]: {plan.host}: block size {size} asks for depths the drafter "
+                          f"never trained on (it was trained at {trained_at})")  # fmt: skip
+        out.append((new, remote))
+    return out
+
+
+def switch(plan: Plan, remote: Remote) -> Outcome:
+    svc = plan.config.service
+    job = {
+        "name": svc.name, "unit": plan.unit, "env": plan.env_file,
+        "unit_path": f"/etc/systemd/system/{svc.name}.service", "env_path": f"{svc.config_dir}/{svc.name}.env",
+        "state_dir": STATE_DIR, "url": f"http://{plan.service_address}:{plan.config.serve.port}",
+        "api_key_file": plan.config.serve.api_key_file, "start_timeout_s": svc.start_timeout_s,
+        "stop_timeout_s": svc.stop_timeout_s, "gpu_release_timeout_s": 120, "journal_lines": 40,
+        "config": plan.config.model_dump(mode="json"), "by": f"provision reconfigure, pid {os.getpid()}",
+    }  # fmt: skip
+    payload = base64.b64encode(json.dumps(job).encode()).decode()
+    proc = remote.run(f"python3 - switch {payload}", stdin=SWITCH.read_text())
+    try:
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        result = {"status": "failed", "reason": f"the switch did not report: {proc.stderr.strip()[-500:]}"}
+    return Outcome(plan.host, proc.returncode, result)
+
+
+def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_untrained: bool, serial: int | None,
+                console: Console) -> int:  # fmt: skip
+    if not cli_set:
+        raise InputError("--set", "", "give at least one KEY=VALUE to change, like serve.ddtree.budget=12")
+    hosts = plan_new(inventory, target, cli_set, allow_untrained, console)
+    for plan, remote in hosts:  # every host is judged before any is touched
+        check_with_parser(remote, plan)
+    batch = serial or len(hosts)
+    outcomes: list[Outcome] = []
+    for start in range(0, len(hosts), batch):
+        group = hosts[start : start + batch]
+        with ThreadPoolExecutor(max_workers=len(group)) as pool:
+            outcomes += list(pool.map(lambda pair: switch(*pair), group))
+        if any(o.code != 0 for o in outcomes):
+            break  # a failed batch stops the roll: the rest keep serving their config
+    for outcome in outcomes:
+        _report(outcome, console)
+    if any(o.code == LOCKED for o in outcomes):
+        return 2
+    return 0 if all(o.code == 0 for o in outcomes) and len(outcomes) == len(hosts) else 1
+
+
+def _report(outcome: Outcome, console: Console) -> None:
+    res = outcome.result
+    if res.get("status") == "ok":
+        t = res["timings"]
+        console.print(f"{outcome.host}: [green]serving the new config[/] (stop {t['stop_s']} s, ready "
+                      f"{t['start_to_ready_s']} s after start)")  # fmt: skip
+    elif res.get("status") == "locked":
+        console.print(f"{outcome.host}: [bold red]refused[/]: another reconfigure is running there ({res['holder']})")
+    else:
+        console.print(f"{outcome.host}: [bold red]the new config failed[/]: {res.get('reason')}")
+        for line in res.get("journal", [])[-20:]:
+            console.print(f"  | {line}", highlight=False, markup=False)
+        if res.get("rolled_back"):
+            verdict = "ready again" if res.get("rollback_ready") else f"NOT ready: {res.get('rollback_detail')}"
+            console.print(f"{outcome.host}: rolled back to the last good config, {verdict}")
+
+
+def status(inventory: Inventory, target: str, console: Console) -> int:
+    code = 0
+    for plan in inventory.plans(target, {}):
+        remote = Remote.from_vars(plan.host, inventory.connection(plan.host))
+        svc = plan.config.service
+        job = {"name": svc.name, "state_dir": STATE_DIR, "api_key_file": plan.config.serve.api_key_file,
+               "url": f"http://{plan.service_address}:{plan.config.serve.port}"}  # fmt: skip
+        payload = base64.b64encode(json.dumps(job).encode()).decode()
+        proc = remote.run(f"python3 - status {payload}", stdin=SWITCH.read_text(), timeout=60)
+        if proc.returncode != 0:
+            console.print(f"{plan.host}: cannot read the state: {proc.stderr.strip()[-300:]}")
+            code = 1
+            continue
+        st = json.loads(proc.stdout.strip().splitlines()[-1])
+        unit = st["unit"]
+        console.print(f"[bold]{plan.host}[/] {svc.name}: {unit.get('ActiveState')}/{unit.get('SubState')} since "
+                      f"{unit.get('ActiveEnterTimestamp')}, health {st['health']}"
+                      f"{' (SGLang stand-in)' if st['standin'] else ''}")  # fmt: skip
+        console.print(f"  acceptance length: {st['accept_length']}; GPU memory: {st['gpu_memory']}")
+        for label in ("current", "last_good"):
+            console.print(f"  {label}: {_summary(st[label])}")
+    return code
+
+
+def _summary(config: dict[str, Any] | None) -> str:
+    if not config:
+        return "unknown (not recorded on the host yet)"
+    serve = config["serve"]
+    parts = [serve["algorithm"], f"block {serve['block_size']}", f"window {serve['draft_window']}"]
+    if serve["algorithm"] == "DDTREE":
+        parts += [f"budget {serve['ddtree']['budget']}", f"topk {serve['ddtree']['topk']}"]
+    return ", ".join(parts)
+
+
+def logs(inventory: Inventory, target: str, lines: int, follow: bool) -> int:
+    code = 0
+    for plan in inventory.plans(target, {}):
+        remote = Remote.from_vars(plan.host, inventory.connection(plan.host))
+        follow_flag = " -f" if follow else ""
+        code |= remote.stream(
+            f"journalctl -u {shlex.quote(plan.config.service.name)} -n {lines} --no-pager{follow_flag}"
+        )
+    return code

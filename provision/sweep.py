@@ -1,0 +1,212 @@
+"""`provision sweep`: each config of a matrix on one host, measured over the grid, with a coding check.
+
+Per config: reconfigure (models, the build's own parser, the safe switch), warm up, then each grid
+cell through `python -m sglang.bench_serving` on the host where it imports, else our async client
+(provision/loadgen.py, the same definitions) through an ssh tunnel; then the coding check on the
+final answers. Every finished cell is one record in results.jsonl (append-only, atomic), so
+`--resume` skips finished cells and redoes none; a config that fails is recorded and the sweep goes
+on. At the end the host serves the config it started with (or the best one with `--keep best`),
+and the report is written: report.md, report.csv, report.png.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from provision import coding, loadgen
+from provision.errors import InputError
+from provision.inventory import Inventory
+from provision.plan import Plan
+from provision.reconfigure import check_with_parser, plan_new, switch
+from provision.remote import Remote
+from provision.sweep_matrix import Matrix, SweepConfig, load_matrix
+from provision.sweep_report import summarize, write_report
+from provision.sweep_results import CONFIG_LEVEL, Record, Results, now
+
+CODING = "coding"
+
+
+@contextlib.contextmanager
+def tunnel(remote: Remote, plan: Plan) -> Iterator[str]:
+    """The server's URL as the control node reaches it: an ssh forward to the host's loopback address."""
+    port = plan.config.serve.port
+    if not remote.argv:
+        yield f"http://{plan.service_address}:{port}"
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        local = probe.getsockname()[1]
+    forward = f"127.0.0.1:{local}:{plan.service_address}:{port}"
+    ssh = [remote.argv[0], "-N", "-o", "ExitOnForwardFailure=yes", "-L", forward, *remote.argv[1:]]
+    proc = subprocess.Popen(ssh, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", local), timeout=1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise RuntimeError(f"cannot forward to {plan.host}:{port}: {err.strip()[-300:]}")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{local}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def api_key(remote: Remote, plan: Plan) -> str | None:
+    path = plan.config.serve.api_key_file
+    if not path:
+        return None
+    proc = remote.run(f"cat {shlex.quote(path)}", timeout=30)
+    return proc.stdout.strip() or None
+
+
+def has_bench_serving(remote: Remote, plan: Plan) -> bool:
+    python = f"{plan.python_env.venv}/bin/python3"
+    return remote.run(f"{shlex.quote(python)} -c 'import sglang.bench_serving'", timeout=120).returncode == 0
+
+
+def measure(remote: Remote, plan: Plan, url: str, key: str | None, cell: Any, on_host: bool) -> loadgen.CellResult:
+    if not on_host:
+        return asyncio.run(loadgen.run_cell(url, key, cell, seed=1))
+    host_url = f"http://{plan.service_address}:{plan.config.serve.port}"
+    out = f"/tmp/dflash-sweep-{cell.id}.jsonl"
+    argv = loadgen.bench_serving_argv(host_url, cell, "SGLANG_DFLASH_API_KEY", out,
+                                      python=f"{plan.python_env.venv}/bin/python3")  # fmt: skip
+    secrets = f"{plan.config.service.config_dir}/secrets.env"
+    script = f"rm -f {out}; set -a; . {secrets}; set +a; {shlex.join(argv)} >/dev/null && tail -n 1 {out}"
+    proc = remote.run(script, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench_serving failed: {proc.stderr.strip()[-500:]}")
+    return loadgen.parse_bench_serving(proc.stdout.strip().splitlines()[-1], prompts=cell.prompts)
+
+
+def coding_check(url: str, key: str | None, plan: Plan, matrix: Matrix, base: Path) -> coding.CodingScore:
+    problems_path = matrix.coding.problems
+    if problems_path is not None and not problems_path.is_absolute():
+        problems_path = base / problems_path
+    problems = coding.load_problems(problems_path)[: matrix.coding.limit]
+    model = plan.config.model.served_name or plan.config.model.path
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    answers: list[dict[str, Any] | None] = []
+    with httpx.Client(timeout=600, headers=headers) as client:
+        for problem in problems:
+            body = {"model": model, "max_tokens": matrix.coding.max_tokens, "temperature": 0.0,
+                    "messages": [{"role": "user", "content": coding.prompt_for(problem)}]}  # fmt: skip
+            response = client.post(url + "/v1/chat/completions", json=body)
+            answers.append(response.json()["choices"][0]["message"] if response.status_code == 200 else None)
+    return coding.grade(problems, answers)
+
+
+def run_config(config: SweepConfig, inventory: Inventory, host: str, matrix: Matrix, results: Results,
+               base: Path, console: Console) -> None:  # fmt: skip
+    started = now()
+    try:
+        [(plan, remote)] = plan_new(inventory, host, config.overrides(), config.allow_untrained_depth, console)
+        check_with_parser(remote, plan)
+    except InputError as err:
+        results.append(Record(config=config.name, cell=CONFIG_LEVEL, status="failed", error=str(err),
+                              started=started, finished=now()))  # fmt: skip
+        console.print(f"[red]{config.name}: refused[/]: {err}")
+        return
+    outcome = switch(plan, remote)
+    if outcome.code != 0:
+        error = outcome.result.get("reason") or outcome.result.get("status")
+        results.append(Record(config=config.name, cell=CONFIG_LEVEL, status="failed", error=str(error),
+                              started=started, finished=now()))  # fmt: skip
+        console.print(f"[red]{config.name}: did not start[/]: {error}")
+        return
+    server_args = plan.config.serve.model_dump(mode="json")
+    key = api_key(remote, plan)
+    on_host = has_bench_serving(remote, plan)
+    with tunnel(remote, plan) as url:
+        if matrix.warmup_requests:
+            warm = matrix.grid[0].model_copy(update={"prompts": matrix.warmup_requests, "concurrency": 1})
+            asyncio.run(loadgen.run_cell(url, key, warm, seed=0))
+        for cell in matrix.grid:
+            if results.skip(config.name, cell.id):
+                continue
+            began = now()
+            try:
+                res = measure(remote, plan, url, key, cell, on_host)
+                status, error = ("ok", None) if res.failed == 0 else ("failed", f"{res.failed} requests failed")
+                results.append(Record(config=config.name, cell=cell.id, status=status, error=error, started=began,
+                                      finished=now(), result=res.model_dump(mode="json"),
+                                      accept_length=res.accept_length, server_args=server_args))  # fmt: skip
+                console.print(f"{config.name} {cell.id}: {res.output_tok_s:.1f} output tok/s, "
+                              f"accept {res.accept_length}, via {res.source}")  # fmt: skip
+            except (RuntimeError, httpx.HTTPError) as err:
+                results.append(Record(config=config.name, cell=cell.id, status="failed", error=str(err),
+                                      started=began, finished=now()))  # fmt: skip
+        if matrix.coding.enabled and not results.skip(config.name, CODING):
+            began = now()
+            score = coding_check(url, key, plan, matrix, base)
+            results.append(Record(config=config.name, cell=CODING, status="ok", started=began, finished=now(),
+                                  coding=score))  # fmt: skip
+            console.print(f"{config.name} coding: {score.passed}/{score.total}")
+
+
+def serving_config(remote: Remote, plan: Plan) -> dict[str, str]:
+    """The unit and environment file the host serves now, to go back to at the end."""
+    svc = plan.config.service
+    unit = remote.run(f"cat /etc/systemd/system/{svc.name}.service", timeout=30).stdout
+    env = remote.run(f"cat {svc.config_dir}/{svc.name}.env", timeout=30).stdout
+    return {"unit": unit, "env": env}
+
+
+def sweep(inventory: Inventory, host: str, matrix_path: Path, out_dir: Path, resume: bool, keep: str,
+          console: Console) -> int:  # fmt: skip
+    matrix = load_matrix(matrix_path)  # bad input stops here, before any host is touched
+    plans = inventory.plans(host, {})
+    if len(plans) != 1:
+        raise InputError("--host", host, f"a sweep runs on one host; {host} names {len(plans)}")
+    results_path = out_dir / "results.jsonl"
+    if results_path.exists() and not resume:
+        raise InputError("--out", str(out_dir), "holds results already; add --resume to go on, or choose another")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = Results(results_path)
+    [plan] = plans
+    remote = Remote.from_vars(plan.host, inventory.connection(plan.host))
+    start = serving_config(remote, plan)
+    (out_dir / "matrix.json").write_text(matrix.model_dump_json(indent=2))
+    try:
+        for config in matrix.configs:
+            todo = [c.id for c in matrix.grid] + ([CODING] if matrix.coding.enabled else [])
+            if all(results.skip(config.name, cell) for cell in todo):
+                console.print(f"{config.name}: done before (resumed)")
+                continue
+            run_config(config, inventory, plan.host, matrix, results, matrix_path.parent, console)
+    finally:
+        _leave(keep, start, plan, remote, inventory, matrix, results, console)
+        files = write_report(results.records(), matrix, out_dir)
+        console.print(f"report: {files.markdown}, {files.csv}, {files.png}")
+    return 0 if all(r.status == "ok" for r in results.records()) else 1
+
+
+def _leave(keep: str, start: dict[str, str], plan: Plan, remote: Remote, inventory: Inventory, matrix: Matrix,
+           results: Results, console: Console) -> None:  # fmt: skip
+    if keep == "best":
+        rows = [r for r in summarize(results.records(), matrix) if r.accept is not None]
+        if rows:
+            best = max(rows, key=lambda r: sum(v for v in r.throughput.values() if isinstance(v, float)))
+            config = matrix.config(best.config)
+            [(new, _)] = plan_new(inventory, plan.host, config.overrides(), config.allow_untrained_depth, console)
+            if switch(new, remote).code == 0:
+                console.print(f"left serving the best config: {best.config}")
+                return
+    back = plan.model_copy(update={"unit": start["unit"], "env_file": start["env"]})
+    outcome = switch(back, remote)
+    verdict = "serving the config it started with" if outcome.code == 0 else f"FAILED: {outcome.result}"
+    console.print(f"{plan.host}: {verdict}")

@@ -1,0 +1,1 @@
+"""`provision verify`: a pytest-testinfra suite run over the inventory's hosts (checks/)."""

@@ -1,0 +1,243 @@
+"""Switch the SGLang service to a new configuration on this host, safely; or report its state.
+
+Standalone, stdlib only (runs under the host's python3, sent by `provision reconfigure` and
+`provision status`). Usage: python3 service_switch.py switch|status BASE64_JSON
+
+switch: holds a per-host lock for its whole run (a second switch is refused, exit 3), keeps the
+serving config as the last good one when it is healthy, stops the server gracefully (SIGTERM
+drains), waits until the old process's GPU memory is released (nvidia-smi; skipped with the reason
+on hosts without GPUs), installs the new unit and environment, starts, and waits until
+/health_generate answers 200 (refused connections and 503 mean "not yet"; the unit failing or
+restarting means "crashed"). When the new config does not become ready it restores the last good
+one, waits until that is ready again and exits 1. Prints one JSON object.
+"""
+
+import base64
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+POLL_S = 0.05
+
+
+def sh(*args, timeout=None):
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def write_atomic(path, text, mode=0o644):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def read_json(path):
+    text = read(path)
+    return json.loads(text) if text else None
+
+
+def unit_state(name):
+    out = sh("systemctl", "show", name, "-p", "ActiveState", "-p", "SubState", "-p", "MainPID", "-p", "NRestarts",
+             "-p", "ExecMainStatus", "-p", "ActiveEnterTimestamp").stdout  # fmt: skip
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def get(url, key):
+    """(status, body) of a GET with the API key; status 0 when nothing listens yet."""
+    request = urllib.request.Request(url)
+    if key:
+        request.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, b""
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return 0, b""
+
+
+def health(url, key):
+    return get(url + "/health_generate", key)[0]
+
+
+def server_info(url, key):
+    status, body = get(url + "/get_server_info", key)
+    try:
+        return json.loads(body) if status == 200 else None
+    except ValueError:
+        return None
+
+
+def wait_ready(job, key, since_restarts):
+    """(True, detected_at) once 200; (False, why) on the deadline or when the unit fails or restarts."""
+    deadline = time.monotonic() + job["start_timeout_s"]
+    last = 0
+    while time.monotonic() < deadline:
+        last = health(job["url"], key)
+        if last == 200:
+            return True, time.time()
+        state = unit_state(job["name"])
+        if (
+            state.get("ActiveState") == "failed"
+            or state.get("SubState") == "auto-restart"
+            or (state.get("NRestarts", "0") != since_restarts)
+        ):
+            return False, f"the server exited during start (status {state.get('ExecMainStatus', '?')}, " \
+                          f"{state.get('ActiveState')}/{state.get('SubState')})"  # fmt: skip
+        time.sleep(POLL_S)
+    return False, f"not ready within {job['start_timeout_s']} s (last /health_generate status {last or 'refused'})"
+
+
+def gpu_pids():
+    """PIDs holding GPU memory; None where there is no GPU to ask."""
+    if not any(os.access(os.path.join(d, "nvidia-smi"), os.X_OK) for d in os.environ.get("PATH", "").split(":")):
+        return None
+    out = sh("nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader").stdout
+    return {int(p) for p in out.split() if p.strip().isdigit()}
+
+
+def descendants(pid):
+    out = sh("ps", "-e", "-o", "pid=,ppid=").stdout
+    children, found = {}, {pid}
+    for line in out.splitlines():
+        p, pp = (int(x) for x in line.split())
+        children.setdefault(pp, []).append(p)
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.add(child)
+            stack.append(child)
+    return found
+
+
+def wait_gpu_released(pids, timeout_s):
+    start = time.monotonic()
+    held = gpu_pids()
+    if held is None:
+        return {"skipped": "no GPU on this host: nvidia-smi is not installed", "seconds": 0.0}
+    while held & pids:
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"GPU memory of pids {sorted(held & pids)} not released within {timeout_s} s")
+        time.sleep(0.2)
+        held = gpu_pids() or set()
+    return {"seconds": round(time.monotonic() - start, 3)}
+
+
+def install(job, unit, env):
+    write_atomic(job["env_path"], env)
+    write_atomic(job["unit_path"], unit)
+    sh("systemctl", "daemon-reload")
+
+
+def journal(job, since):
+    out = sh("journalctl", "-u", job["name"], "--since", since, "-n", str(job["journal_lines"]), "-o", "cat",
+             "--no-pager").stdout  # fmt: skip
+    return out.splitlines()
+
+
+def switch(job):
+    state_dir = job["state_dir"]
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    lock = open(os.path.join(state_dir, "reconfigure.lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        return 3, {"status": "locked", "holder": lock.read().strip()}
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')} ({job.get('by', '?')})\n")
+    lock.flush()
+
+    key = (read(job["api_key_file"]) or "").strip() if job.get("api_key_file") else ""
+    current_path, last_good_path = os.path.join(state_dir, "current.json"), os.path.join(state_dir, "last-good.json")
+    serving = {"unit": read(job["unit_path"]), "env": read(job["env_path"]),
+               "config": (read_json(current_path) or {}).get("config")}  # fmt: skip
+    if health(job["url"], key) == 200 and serving["unit"]:
+        serving["saved_at"] = time.time()
+        write_atomic(last_good_path, json.dumps(serving), 0o600)
+    last_good = read_json(last_good_path)
+
+    timings = {}
+    old = unit_state(job["name"])
+    old_pids = descendants(int(old.get("MainPID", "0"))) if old.get("MainPID", "0") != "0" else set()
+    t = time.monotonic()
+    sh("systemctl", "stop", job["name"], timeout=job["stop_timeout_s"] + 30)
+    timings["stop_s"] = round(time.monotonic() - t, 3)
+    try:
+        timings["gpu_release"] = wait_gpu_released(old_pids, job["gpu_release_timeout_s"])
+    except TimeoutError as err:
+        return 1, {"status": "failed", "reason": str(err), "rolled_back": False, "timings": timings}
+
+    since = time.strftime("%Y-%m-%d %H:%M:%S")
+    install(job, job["unit"], job["env"])
+    restarts = unit_state(job["name"]).get("NRestarts", "0")
+    t = time.monotonic()
+    started_at = time.time()
+    sh("systemctl", "start", job["name"])
+    ready, detail = wait_ready(job, key, restarts)
+    timings["start_to_ready_s"] = round(time.monotonic() - t, 3)
+    if ready:
+        timings["started_at"], timings["detected_at"] = started_at, detail
+        write_atomic(current_path, json.dumps({"config": job["config"], "unit": job["unit"], "env": job["env"],
+                                               "since": time.time()}), 0o600)  # fmt: skip
+        return 0, {"status": "ok", "timings": timings, "server_info": server_info(job["url"], key)}
+
+    lines = journal(job, since)
+    result = {"status": "failed", "reason": detail, "journal": lines, "timings": timings, "rolled_back": False}
+    if not last_good:
+        return 1, result
+    sh("systemctl", "stop", job["name"], timeout=job["stop_timeout_s"] + 30)
+    install(job, last_good["unit"], last_good["env"])
+    restarts = unit_state(job["name"]).get("NRestarts", "0")
+    sh("systemctl", "start", job["name"])
+    back, back_detail = wait_ready(job, key, restarts)
+    if back and last_good.get("config") is not None:
+        write_atomic(current_path, json.dumps({**last_good, "since": time.time()}), 0o600)
+    result.update(rolled_back=True, rollback_ready=back, rollback_detail=None if back else back_detail)
+    return 1, result
+
+
+def status(job):
+    key = (read(job["api_key_file"]) or "").strip() if job.get("api_key_file") else ""
+    state_dir = job["state_dir"]
+    info = server_info(job["url"], key) or {}
+    accept = ((info.get("internal_states") or [{}])[0]).get("avg_spec_accept_length")
+    held = gpu_pids()
+    gpu = "skipped: no GPU on this host: nvidia-smi is not installed"
+    if held is not None:
+        gpu = sh("nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader").stdout.strip()
+    current = read_json(os.path.join(state_dir, "current.json")) or {}
+    last_good = read_json(os.path.join(state_dir, "last-good.json")) or {}
+    return 0, {
+        "unit": unit_state(job["name"]),
+        "health": health(job["url"], key),
+        "current": current.get("config"),
+        "last_good": last_good.get("config"),
+        "accept_length": accept,
+        "standin": info.get("standin", False),
+        "gpu_memory": gpu,
+    }
+
+
+if __name__ == "__main__":
+    verb, payload = sys.argv[1], json.loads(base64.b64decode(sys.argv[2]))
+    code, out = {"switch": switch, "status": status}[verb](payload)
+    print(json.dumps(out))
+    sys.exit(code)

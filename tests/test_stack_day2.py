@@ -1,0 +1,148 @@
+"""Day 2 on applied sandbox hosts: reconfigure (and its rollbacks, lock, block size guard), status, logs.
+
+Runs after test_stack.py, on the hosts it applied (or applies them itself when run alone). The hosts
+have no GPU: the unit runs the SGLang stand-in (tests/standin), whose failure modes
+(SGLANG_STANDIN_FAIL=startup|crash) are set through --set serve.env, like any other config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from provision.cli import main
+from provision.sandbox import layout
+from tests.test_sandbox import pytestmark  # noqa: F401 - the same requirements
+from tests.test_stack import on
+
+PROVISION = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "provision")
+HOST = "b300-sbx"
+LOCK = "/var/lib/dflash-provision/serving/reconfigure.lock"
+
+
+def provision(*args: str, timeout: int = 600) -> tuple[int, str]:
+    proc = subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def host() -> layout.SandboxHost:
+    assert main(["sandbox", "up", "--hosts", "rtx6000,b300"]) == 0
+    rc, out = provision("apply", "--host", "all", "--sandbox", timeout=1800)
+    assert rc == 0, out[-3000:]
+    yield next(h for h in layout.load_hosts() if h.name == HOST)
+    main(["sandbox", "down"])
+
+
+def server_info(host: layout.SandboxHost) -> dict:
+    key = on(host, "cat /etc/sglang-dflash/api_key").stdout.decode().strip()
+    out = on(host, f"curl -s -H 'Authorization: Bearer {key}' http://127.0.0.1:30000/get_server_info").stdout
+    return json.loads(out)
+
+
+def healthy(host: layout.SandboxHost) -> bool:
+    code = on(host, "curl -s -o /dev/null -w %{http_code} http://127.0.0.1:30000/health_generate").stdout
+    return code.decode() == "200"
+
+
+def test_reconfigure_switches_and_the_new_args_show(host) -> None:
+    rc, out = provision("reconfigure", "--host", HOST, "--sandbox", "--set", "serve.draft_window=1024")
+    assert rc == 0, out
+    assert "serving the new config" in out
+    assert server_info(host)["speculative_draft_window_size"] == 1024
+
+
+@pytest.mark.parametrize(
+    ("fail", "why"), [("startup", "not ready within 10 s"), ("crash", "the server exited during start")]
+)
+def test_a_broken_config_rolls_back_to_the_last_good_one(host, fail: str, why: str) -> None:
+    rc, out = provision(
+        "reconfigure", "--host", HOST, "--sandbox", "--set", "serve.draft_window=512",
+        "--set", f"serve.env.SGLANG_STANDIN_FAIL={fail}", "--set", "service.start_timeout_s=10",
+    )  # fmt: skip
+    assert rc == 1, out
+    assert why in out and "rolled back to the last good config, ready again" in out
+    assert f"SGLANG_STANDIN_FAIL={fail}" in out  # the journal lines of the failed start
+    assert healthy(host)
+    assert server_info(host)["speculative_draft_window_size"] == 1024  # the old config serves
+
+
+def test_a_second_reconfigure_while_one_runs_is_refused(host) -> None:
+    slow = subprocess.Popen(
+        [PROVISION, "reconfigure", "--host", HOST, "--sandbox", "--set", "serve.env.SGLANG_STANDIN_LOAD_S=8"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while on(host, f"flock -n {LOCK} true").returncode == 0:  # until the first one holds the lock
+            assert time.monotonic() < deadline and slow.poll() is None, slow.stdout.read() if slow.stdout else ""
+            time.sleep(0.2)
+        rc, out = provision("reconfigure", "--host", HOST, "--sandbox", "--set", "serve.draft_window=2048")
+        assert rc == 2, out
+        assert "refused: another reconfigure is running there" in out
+    finally:
+        first_out = slow.communicate(timeout=300)[0]
+    assert slow.returncode == 0, first_out
+
+
+def test_block_size_above_the_drafters_training_is_refused(host) -> None:
+    """The seed's "block size 16 with a higher budget to match" on a block-8 drafter (its config.json says 8)."""
+    rc, out = provision("reconfigure", "--host", HOST, "--sandbox", "--set", "serve.block_size=16",
+                        "--set", "serve.draft_window=2048")  # fmt: skip
+    assert rc == 2, out
+    assert "16 is above the drafter's trained block size 8" in out
+    assert healthy(host)
+    rc, out = provision("reconfigure", "--host", HOST, "--sandbox", "--set", "serve.block_size=16",
+                        "--set", "serve.draft_window=2048", "--allow-untrained-depth")  # fmt: skip
+    assert rc == 0, out
+    assert "asks for depths the drafter never trained on" in out
+    assert server_info(host)["speculative_num_draft_tokens"] == 16
+
+
+def test_status_and_logs(host) -> None:
+    rc, out = provision("status", "--host", HOST, "--sandbox")
+    assert rc == 0, out
+    assert "active/running" in out and "(SGLang stand-in)" in out
+    assert "current: DFLASH, block 16, window 2048" in out
+    assert "last_good: DFLASH, block 8" in out
+    assert "GPU memory: skipped: no GPU on this host" in out
+    rc, out = provision("logs", "--host", HOST, "--sandbox", "-n", "20")
+    assert rc == 0 and "standin: ready" in out
+
+
+def test_a_sweep_killed_in_the_middle_resumes_without_losing_or_repeating_a_cell(host, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    start = server_info(host)["speculative_num_draft_tokens"]
+    args = [PROVISION, "sweep", "--host", HOST, "--sandbox", "--matrix", "sweeps/quick.yml", "--out", str(out)]
+    root = Path(__file__).resolve().parent.parent
+    first = subprocess.Popen(args, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 300
+    while not (results.exists() and results.read_text().count("\n") >= 2):
+        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read() if first.stdout else ""
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # the sweep and its ssh tunnel, mid-config
+    first.wait()
+    # whole lines only: a line torn by the kill is dropped (and cut off) when the sweep resumes
+    before = [json.loads(line) for line in results.read_bytes().split(b"\n")[:-1]]
+    rc, log = provision(*args[1:], "--resume", timeout=900)
+    assert rc in (0, 1), log  # 1: a cell of the stand-in failed; the records say which
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    keys = [(r["config"], r["cell"]) for r in records]
+    assert len(keys) == len(set(keys)), keys  # none repeated
+    assert records[: len(before)] == before  # none lost or rewritten
+    cells = {"c1-in60-out32", "c4-in256-out32", "coding"}
+    assert set(keys) == {(c, cell) for c in ("b8-t4-w2048-bs8", "b4-t4-w2048-bs6") for cell in cells}
+    assert "done before (resumed)" in log or keys[: len(before)] == [(r["config"], r["cell"]) for r in before]
+    table = (out / "report.md").read_text()
+    assert "| config |" in table and "b4-t4-w2048-bs6" in table
+    assert (out / "report.csv").exists() and (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    accepts = [r["accept_length"] for r in records if r["cell"].startswith("c") and r["status"] == "ok"]
+    assert accepts and all(a > 1 for a in accepts)
+    assert server_info(host)["speculative_num_draft_tokens"] == start  # left on the config it started with
