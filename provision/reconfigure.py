@@ -61,22 +61,21 @@ def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_u
              console: Console) -> list[tuple[Plan, Remote]]:  # fmt: skip
     """Each host's new plan, its block size judged against the drafter's own config.json where readable."""
     out = []
-    base = inventory.plans(target, cli_set)
-    for plan in base:
-        remote = Remote.from_vars(plan.host, inventory.connection(plan.host))
-        extra: dict[str, Any] = {}
-        trained = trained_block_size(remote, plan)
-        if trained is not None and plan.config.drafter and trained != plan.config.drafter.block_size:
-            console.print(f"{plan.host}: the drafter's config.json says block size {trained} "
-                          f"(the inventory says {plan.config.drafter.block_size}); using {trained}")  # fmt: skip
+    for host in inventory.hosts_for(target):
+        remote = Remote.from_vars(host, inventory.connection(host))
+        extra: dict[str, Any] = {"serve.allow_untrained_depth": "true"} if allow_untrained else {}
+        inventory_side = inventory.plans(host, {**cli_set, **extra, "serve.allow_untrained_depth": "true"})[0]
+        trained = trained_block_size(remote, inventory_side)
+        claimed = inventory_side.config.drafter.block_size if inventory_side.config.drafter else None
+        if trained is not None and claimed is not None and trained != claimed:
+            console.print(f"{host}: the drafter's config.json says block size {trained} "
+                          f"(the inventory says {claimed}); using {trained}")  # fmt: skip
         if trained is not None:
             extra["drafter.block_size"] = str(trained)
-        if allow_untrained:
-            extra["serve.allow_untrained_depth"] = "true"
-        new = inventory.plans(plan.host, {**cli_set, **extra})[0] if extra else plan
+        new = inventory.plans(host, {**cli_set, **extra})[0]
         if allow_untrained and new.config.drafter and new.config.serve.block_size > new.config.drafter.block_size:
             size, trained_at = new.config.serve.block_size, new.config.drafter.block_size
-            console.print(f"[yellow]warning[/]: {plan.host}: block size {size} asks for depths the drafter "
+            console.print(f"[yellow]warning[/]: {host}: block size {size} asks for depths the drafter "
                           f"never trained on (it was trained at {trained_at})")  # fmt: skip
         out.append((new, remote))
     return out
