@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shlex
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from rich.console import Console
 
 from provision import coding, loadgen
 from provision.errors import InputError
+from provision.files import write_atomic
 from provision.inventory import Inventory
 from provision.plan import Plan
 from provision.reconfigure import check_with_parser, plan_new, switch
@@ -166,6 +168,16 @@ def serving_config(remote: Remote, plan: Plan) -> dict[str, str]:
     return {"unit": unit, "env": env}
 
 
+def _start_config(path: Path, remote: Remote, plan: Plan) -> dict[str, str]:
+    """The config to leave the host on. Kept in the output directory on the first run, because a sweep
+    killed mid-config leaves the host on one of the matrix's configs and --resume must not take that one."""
+    if path.exists():
+        return dict(json.loads(path.read_text()))
+    start = serving_config(remote, plan)
+    write_atomic(path, json.dumps(start))
+    return start
+
+
 def sweep(inventory: Inventory, host: str, matrix_path: Path, out_dir: Path, resume: bool, keep: str,
           console: Console) -> int:  # fmt: skip
     matrix = load_matrix(matrix_path)  # bad input stops here, before any host is touched
@@ -179,7 +191,7 @@ def sweep(inventory: Inventory, host: str, matrix_path: Path, out_dir: Path, res
     results = Results(results_path)
     [plan] = plans
     remote = Remote.from_vars(plan.host, inventory.connection(plan.host))
-    start = serving_config(remote, plan)
+    start = _start_config(out_dir / "start.json", remote, plan)
     (out_dir / "matrix.json").write_text(matrix.model_dump_json(indent=2))
     try:
         for config in matrix.configs:
