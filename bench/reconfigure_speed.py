@@ -5,6 +5,7 @@ started and when it turned ready (standin_started_at, standin_ready_at in /get_s
 
   downtime overhead : from the stop to the detected readiness, minus the server's own start
                       (process start to ready): the stop, the drain, the GPU-memory wait, systemd
+                      and the readiness polling (the new unit is installed before the stop)
   total overhead    : the whole reconfigure (models, the build's own parser on the host, ssh) minus
                       the server's own start
   readiness lag     : detected ready - turned ready (same host clock)
@@ -49,10 +50,11 @@ def main() -> None:
         timings, info = outcome.result["timings"], outcome.result["server_info"]
         server_start = info["standin_ready_at"] - info["standin_started_at"]
         own.append(server_start)
-        downtime.append(timings["stop_s"] + timings["start_to_ready_s"] - server_start)
+        downtime.append(timings["detected_at"] - timings["stop_started_at"] - server_start)
         total.append(elapsed - server_start)
         lag.append(timings["detected_at"] - info["standin_ready_at"])
-        print(f"run {i + 1}: server's own start {server_start:.2f} s, reconfigure {elapsed:.2f} s", flush=True)
+        print(f"run {i + 1}: server's own start {server_start:.2f} s, stop {timings['stop_s']:.2f} s, start to "
+              f"ready {timings['start_to_ready_s']:.2f} s, reconfigure {elapsed:.2f} s", flush=True)  # fmt: skip
     med = statistics.median
     print(f"server's own start (process to ready, load {args.load_s:g} s + imports): {med(own):.2f} s")
     print(f"downtime overhead beyond the server's own start: {med(downtime):.3f} s (aim <= 1 s; ratio of downtime "

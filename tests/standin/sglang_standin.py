@@ -757,7 +757,8 @@ def serve(args: argparse.Namespace, argv: list[str], env: Env) -> int:
         server = Server((args.host, args.port), handler)
     except OSError as err:
         fail(f"cannot listen on {args.host}:{args.port}: {err}", 1)
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    # a short poll: shutdown() waits for it, and a real server has no such delay
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="http", daemon=True).start()
 
     stop = threading.Event()
 

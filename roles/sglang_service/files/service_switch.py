@@ -5,8 +5,8 @@ Standalone, stdlib only (runs under the host's python3, sent by `provision recon
 
 switch: holds a per-host lock for its whole run (a second switch is refused, exit 3), keeps the
 serving config as the last good one when it is healthy, stops the server gracefully (SIGTERM
-drains), waits until the old process's GPU memory is released (nvidia-smi; skipped with the reason
-on hosts without GPUs), installs the new unit and environment, starts, and waits until
+drains) after installing the new unit and environment, waits until the old process's GPU memory is
+released (nvidia-smi; skipped with the reason on hosts without GPUs), starts, and waits until
 /health_generate answers 200 (refused connections and 503 mean "not yet"; the unit failing or
 restarting means "crashed"). When the new config does not become ready it restores the last good
 one, waits until that is ready again and exits 1. Prints one JSON object.
@@ -177,16 +177,20 @@ def switch(job):
     timings = {}
     old = unit_state(job["name"])
     old_pids = descendants(int(old.get("MainPID", "0"))) if old.get("MainPID", "0") != "0" else set()
+    # installed while the old process still serves (it read its files at start): the reload is not downtime
+    install(job, job["unit"], job["env"])
+    timings["stop_started_at"] = time.time()
     t = time.monotonic()
     sh("systemctl", "stop", job["name"], timeout=job["stop_timeout_s"] + 30)
     timings["stop_s"] = round(time.monotonic() - t, 3)
     try:
         timings["gpu_release"] = wait_gpu_released(old_pids, job["gpu_release_timeout_s"])
     except TimeoutError as err:
+        if serving["unit"]:  # the files on disk go back to what the stopped process served
+            install(job, serving["unit"], serving["env"] or "")
         return 1, {"status": "failed", "reason": str(err), "rolled_back": False, "timings": timings}
 
     since = time.strftime("%Y-%m-%d %H:%M:%S")
-    install(job, job["unit"], job["env"])
     restarts = unit_state(job["name"]).get("NRestarts", "0")
     t = time.monotonic()
     started_at = time.time()
