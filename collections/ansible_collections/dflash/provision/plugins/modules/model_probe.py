@@ -47,6 +47,16 @@ options:
     description: Name of the file inside a model directory that records where it was fetched from.
     type: str
     default: .dflash-model-store.json
+  files:
+    description: Other files whose SHA-1 to report (the role's drafter record), so an unchanged one is not rewritten.
+    type: list
+    elements: path
+    default: []
+  dirs:
+    description: Directories whose mode to report, so a settled one is not touched.
+    type: list
+    elements: path
+    default: []
 author: dflash-provision developers
 """
 
@@ -68,6 +78,14 @@ models:
     (relative name to size), dirs, free_bytes, free_path, device (of the filesystem), marker (the marker
     file's content, {} when absent), unreadable (what the readable_by user cannot read), and with a source: to_copy
     (relative names whose size differs or that are absent), to_copy_bytes and dirs_to_create.
+  type: dict
+  returned: always
+file_sha1:
+  description: Path to SHA-1 of each of the files option's files; empty for a missing one.
+  type: dict
+  returned: always
+dir_mode:
+  description: Path to the mode (like 0755) of each of the dirs option's directories; empty for a missing one.
   type: dict
   returned: always
 python_exists:
@@ -290,6 +308,8 @@ def main():
             "readable_by": {"type": "str", "required": False},
             "python": {"type": "path", "required": False},
             "marker": {"type": "str", "default": ".dflash-model-store.json"},
+            "files": {"type": "list", "elements": "path", "default": []},
+            "dirs": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
@@ -300,7 +320,15 @@ def main():
             module.fail_json(msg=f"model {name}: the path must be absolute, got {path!r}")
         source = module.params["sources"].get(name)
         models[name] = probe(os.path.normpath(path), source, who, module.params["marker"])
-    result = {"changed": False, "models": models}
+    result = {
+        "changed": False,
+        "models": models,
+        "file_sha1": {path: module.sha1(path) or "" for path in module.params["files"]},
+        "dir_mode": {
+            path: f"{stat.S_IMODE(os.stat(path).st_mode):04o}" if os.path.isdir(path) else ""
+            for path in module.params["dirs"]
+        },
+    }
     if module.params["python"]:
         result["python_exists"] = os.access(module.params["python"], os.X_OK)
     module.exit_json(**result)

@@ -1,5 +1,6 @@
 #!/usr/bin/python
-# One read-only look at everything the python_env, sglang and triton roles decide on, in one round trip.
+# One read-only look at everything the python_env, sglang, triton and sglang_service roles decide on,
+# in one round trip.
 
 from __future__ import annotations
 
@@ -42,6 +43,26 @@ options:
     type: list
     elements: path
     default: []
+  paths:
+    description: Files or directories whose owner, group and mode to report (like a key file's 0600).
+    type: list
+    elements: path
+    default: []
+  units:
+    description: systemd units whose active and enablement state to report.
+    type: list
+    elements: str
+    default: []
+  key_env:
+    description: >-
+      An environment file that must hold C(var)=the stripped content of C(key_file). Only whether it
+      does is reported, never the key.
+    type: dict
+    required: false
+    suboptions:
+      key_file: {description: The secret's file., type: path, required: true}
+      env_file: {description: The environment file that carries it., type: path, required: true}
+      var: {description: The variable's name., type: str, required: true}
 author: dflash-provision developers
 """
 
@@ -89,13 +110,30 @@ dir_state:
   description: Path to "owner:group:mode" (like sglang:sglang:0750) of each given directory; empty for a missing one.
   type: dict
   returned: always
+path_state:
+  description: Path to "owner:group:mode" of each given path of any kind; empty for a missing one.
+  type: dict
+  returned: always
+unit_state:
+  description: Unit to "ActiveState:UnitFileState" (like active:enabled); empty where systemd has no answer.
+  type: dict
+  returned: always
+key_env_in_sync:
+  description: Whether key_env's environment file holds its key file's secret (false when either is missing).
+  type: bool
+  returned: always
 """
 
 
 def _dir_state(path):
-    if not os.path.isdir(path):
+    return _path_state(path) if os.path.isdir(path) else ""
+
+
+def _path_state(path):
+    try:
+        info = os.stat(path)
+    except OSError:
         return ""
-    info = os.stat(path)
     return f"{pwd.getpwuid(info.st_uid).pw_name}:{grp.getgrgid(info.st_gid).gr_name}:{info.st_mode & 0o7777:04o}"
 
 
@@ -107,6 +145,27 @@ def _user_entry(name):
     return f"{entry.pw_dir}:{entry.pw_shell}" if entry else ""
 
 
+def _unit_state(module, name):
+    rc, out, _ = module.run_command(["systemctl", "show", "-p", "ActiveState", "-p", "UnitFileState", "--value", name])
+    values = out.split()
+    return ":".join(values) if rc == 0 and len(values) == 2 else ""
+
+
+def _read(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _key_env_in_sync(spec):
+    if not spec:
+        return False
+    key, env = _read(spec["key_file"]), _read(spec["env_file"])
+    return key is not None and env == "{}={}\n".format(spec["var"], key.strip())
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -115,6 +174,18 @@ def main():
             "files": {"type": "list", "elements": "path", "default": []},
             "dirs": {"type": "list", "elements": "path", "default": []},
             "user": {"type": "str", "required": False},
+            "paths": {"type": "list", "elements": "path", "default": []},
+            "units": {"type": "list", "elements": "str", "default": []},
+            "key_env": {
+                "type": "dict",
+                "required": False,
+                "no_log": False,
+                "options": {
+                    "key_file": {"type": "path", "required": True, "no_log": False},
+                    "env_file": {"type": "path", "required": True},
+                    "var": {"type": "str", "required": True},
+                },
+            },
         },
         supports_check_mode=True,
     )
@@ -141,6 +212,9 @@ def main():
         file_sha1={path: module.sha1(path) or "" for path in module.params["files"]},
         user_entry=_user_entry(module.params["user"]),
         dir_state={path: _dir_state(path) for path in module.params["dirs"]},
+        path_state={path: _path_state(path) for path in module.params["paths"]},
+        unit_state={name: _unit_state(module, name) for name in module.params["units"]},
+        key_env_in_sync=_key_env_in_sync(module.params["key_env"]),
     )
 
 
