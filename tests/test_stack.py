@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sysconfig
 from pathlib import Path
@@ -203,6 +204,26 @@ def test_reapply_keeps_the_service_running_and_the_key_out_of_the_output(fresh_h
     assert on(host, "systemctl show -p MainPID --value sglang-dflash").stdout.decode().strip() == pid
     key = on(host, "cat /etc/sglang-dflash/api_key").stdout.decode().strip()
     assert key not in out
+
+
+def test_reapply_follows_a_rotated_key_and_starts_a_stopped_service(fresh_hosts, applied) -> None:
+    host = fresh_hosts["rtx6000"]
+    old = on(host, "cat /etc/sglang-dflash/api_key").stdout.decode().strip()
+    new = secrets.token_hex(20)
+    on(host, f"umask 077; printf '%s\\n' {new} > /etc/sglang-dflash/api_key; systemctl stop sglang-dflash")
+    rc, out = applied("--limit", "rtx6000-sbx")
+    assert rc == 0, out
+    assert recap(out)["rtx6000-sbx"][1] >= 1
+    assert "sglang-dflash is ready at" in out
+    assert on(host, "cat /etc/sglang-dflash/secrets.env").stdout.decode() == f"SGLANG_DFLASH_API_KEY={new}\n"
+    assert http_code(host, "/v1/models", new) == "200"
+    assert http_code(host, "/v1/models", old) == "401"
+    assert new not in out
+    # settled now: the probe alone decides, nothing is restarted or waited for
+    rc, out = applied("--limit", "rtx6000-sbx")
+    assert rc == 0, out
+    assert recap(out)["rtx6000-sbx"][1] == 0
+    assert "is ready at" not in out
 
 
 def test_verify_passes_with_the_gpu_checks_skipped(applied, tmp_path: Path) -> None:
