@@ -179,6 +179,7 @@ def main():
             "key_env": {
                 "type": "dict",
                 "required": False,
+                # paths and a name, not the secret: the module never reads the key into its result
                 "no_log": False,
                 "options": {
                     "key_file": {"type": "path", "required": True, "no_log": False},
