@@ -6,21 +6,23 @@ import argparse
 import json
 import os
 import sys
+import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from provision import __version__, overrides
-from provision.errors import InputError
-from provision.sandbox.system import SandboxError
+from provision.errors import InputError, ProvisionError, one_line
+from provision.files import write_atomic
 
 if TYPE_CHECKING:
     from provision.inventory import Inventory
     from provision.plan import Plan
 
-DEFAULT_INVENTORY = Path(os.environ.get("PROVISION_INVENTORY", "inventory"))
-DEFAULT_STATE = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "dflash-provision" / "runs"
+STATE_ROOT = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "dflash-provision"
+DEFAULT_STATE = STATE_ROOT / "runs"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,10 +30,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"provision: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _inventory_arg(value: str) -> Path:
+    if not value.strip():  # Path("") is the current directory: never an inventory by accident
+        raise argparse.ArgumentTypeError("is empty; name an inventory directory or file")
+    return Path(value)
+
+
 def _common(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--host", required=True, help="an inventory host or group")
     where = sub.add_mutually_exclusive_group()
-    where.add_argument("--inventory", type=Path, default=DEFAULT_INVENTORY, help="inventory directory or file")
+    where.add_argument(
+        "--inventory",
+        type=_inventory_arg,
+        help="inventory directory or file (default: $PROVISION_INVENTORY, else ./inventory)",
+    )
     where.add_argument("--sandbox", action="store_true", help="target the local sandbox hosts' inventory")
     sub.add_argument(
         "--set",
@@ -46,6 +58,7 @@ def _common(sub: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="provision", description="Provision SGLang DFlash / DDTree serving on Blackwell boxes.")
     parser.add_argument("--version", action="version", version=f"dflash-provision {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     subs = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     plan = subs.add_parser("plan", help="resolve, validate and show what a host gets")
@@ -109,7 +122,14 @@ def _inventory_path(args: argparse.Namespace) -> Path:
         from provision.sandbox.manage import inventory_for_cli
 
         return inventory_for_cli()
-    return args.inventory
+    if args.inventory is not None:
+        return args.inventory
+    named = os.environ.get("PROVISION_INVENTORY")
+    if named is None:
+        return Path("inventory")
+    if not named.strip():
+        raise InputError("PROVISION_INVENTORY", "", "is empty; unset it or name an inventory directory or file")
+    return Path(named)
 
 
 def _inventory(args: argparse.Namespace) -> Inventory:
@@ -215,15 +235,15 @@ def cmd_sandbox(args: argparse.Namespace, console: Console) -> int:
         with console.status("bringing up sandbox hosts (the first run builds the Debian base tree)"):
             hosts = manage.up(types)
         for host in hosts:
-            console.print(f"{host.name} ({host.type}) at {host.address}: running", highlight=False)
-        console.print(f"inventory: {manage.inventory_dir()}", highlight=False)
+            console.print(f"{host.name} ({host.type}) at {host.address}: running", highlight=False, markup=False)
+        console.print(f"inventory: {manage.inventory_dir()}", highlight=False, markup=False)
     elif args.verb == "down":
         manage.down()
         console.print("sandbox down: no hosts, mounts, namespaces, cgroups or bridge left")
     elif args.verb == "status":
         rows = manage.status()
         for host, state in rows:
-            console.print(f"{host.name} ({host.type}) {host.address}: {state}", highlight=False)
+            console.print(f"{host.name} ({host.type}) {host.address}: {state}", highlight=False, markup=False)
         if not rows:
             console.print("no sandbox hosts")
     else:
@@ -234,6 +254,17 @@ def cmd_sandbox(args: argparse.Namespace, console: Console) -> int:
             )
         return manage.exec_in(args.name, command)
     return 0
+
+
+def _crash_report(err: BaseException) -> str:
+    """Where the traceback went (or why it could not be written), for the one-line internal error."""
+    path = STATE_ROOT / f"crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, "".join(traceback.format_exception(err)))
+    except OSError as write_err:
+        return f"the traceback could not be written ({one_line(str(write_err))}); rerun with --debug to print it"
+    return f"traceback written to {path}; rerun with --debug to print it"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,13 +282,24 @@ def main(argv: list[str] | None = None) -> int:
         "sandbox": cmd_sandbox,
     }
     try:
-        return commands[args.command](args, console)
-    except InputError as err:
-        print(f"provision: error: {err}", file=sys.stderr)
-        return 2
-    except SandboxError as err:
-        print(f"provision: sandbox: {err}", file=sys.stderr)
-        return 1
+        rc = commands[args.command](args, console)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return rc
+    except BrokenPipeError:
+        # The reader went away (`| head`): end quietly as a SIGPIPE'd tool would (128 + 13), and point stdout at
+        # /dev/null so the interpreter's final flush cannot raise again (Python's documented recipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except ProvisionError as err:
+        print(f"provision: {err.label}: {err}", file=sys.stderr)
+        return err.exit_code
     except KeyboardInterrupt:
         print("provision: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # the last resort: one line and a crash file, never a bare traceback
+        if args.debug:
+            traceback.print_exc()
+        else:
+            where = _crash_report(err)
+            print(f"provision: internal error: {type(err).__name__}: {one_line(str(err))} ({where})", file=sys.stderr)
+        return 1

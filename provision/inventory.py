@@ -5,19 +5,29 @@ from __future__ import annotations
 import io
 import os
 import re
+import stat
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from provision.errors import InputError
 
 # An inventory Ansible cannot parse must be an error, not a warning and an empty host list.
 os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
 os.environ.setdefault("ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED", "True")
+# Forced, not defaults: a key given twice is a mistake, never "the last one wins"; and only the YAML plugin
+# reads inventories (the ini plugin takes any text file, a key file included, for a host list; the script
+# plugin runs executables). The environment is inherited by the ansible-playbook that `apply` starts.
+os.environ["ANSIBLE_DUPLICATE_YAML_DICT_KEY"] = "error"
+os.environ["ANSIBLE_INVENTORY_ENABLED"] = "yaml"
 
+import ansible.constants as C  # noqa: E402
 from ansible.errors import AnsibleError  # noqa: E402
-from ansible.inventory.manager import InventoryManager  # noqa: E402
+from ansible.inventory.manager import IGNORED, InventoryManager  # noqa: E402
 from ansible.parsing.dataloader import DataLoader  # noqa: E402
 from ansible.template import Templar  # noqa: E402
 from ansible.vars.manager import VariableManager  # noqa: E402
@@ -38,6 +48,204 @@ def _ansible_message(err: BaseException) -> tuple[str, str]:
     return "", " ".join(str(getattr(err, "message", err)).split())
 
 
+# An inventory is a few hundred YAML nodes; an alias bomb ("billion laughs") is billions once expanded.
+MAX_NODES = 100_000
+MAX_FILE_BYTES = 8 << 20
+YAML_SUFFIXES = ("", *C.YAML_FILENAME_EXTENSIONS)
+NOT_REGULAR = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+# A host type is a group with its own playbook (apply runs it): a host has one, or Ansible merges two.
+PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+
+
+def _stat(path: Path, what: str) -> os.stat_result:
+    """The entry's stat (through links), checked before anything opens it: opening a FIFO would block."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise InputError(str(path), "", f"is a dangling symlink (to {os.readlink(path)}); {what}") from None
+        raise InputError(str(path), "", f"does not exist; {what}") from None
+    except OSError as err:
+        raise InputError(str(path), "", f"cannot be read ({err.strerror}); {what}") from None
+
+
+def _read(path: Path, st: os.stat_result, what: str) -> str:
+    """A regular, readable file's text, or the refusal that names what it is instead."""
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(str(path), "", f"is a directory, not a regular file; {what}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = NOT_REGULAR.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise InputError(str(path), "", f"is {kind}, not a regular file; {what}")
+    if st.st_size > MAX_FILE_BYTES:
+        raise InputError(str(path), "", f"is {st.st_size} bytes; an inventory file is at most {MAX_FILE_BYTES}")
+    try:
+        return path.read_text(errors="replace")
+    except OSError as err:
+        raise InputError(str(path), "", f"cannot be read ({err.strerror}); {what}") from None
+
+
+def _check_aliases(path: Path, text: str) -> None:
+    """Refuse a file whose aliases expand past MAX_NODES, from the parser's events: nothing is expanded here."""
+    anchored: dict[str, int] = {}
+    frames: list[list[Any]] = [[0, None]]  # [expanded nodes so far, anchor] per open collection
+    try:
+        for event in yaml.parse(text, Loader=yaml.CSafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                frames.append([1, event.anchor])
+                continue
+            if isinstance(event, yaml.CollectionEndEvent):
+                size, anchor = frames.pop()
+            elif isinstance(event, yaml.ScalarEvent):
+                size, anchor = 1, event.anchor
+            elif isinstance(event, yaml.AliasEvent):
+                size, anchor = anchored.get(event.anchor, 1), None
+            else:
+                continue
+            if anchor:
+                anchored[anchor] = size
+            frames[-1][0] += size
+            if frames[-1][0] > MAX_NODES:
+                raise InputError(
+                    f"{path}:{event.start_mark.line + 1}",
+                    f"alias *{event.anchor}" if isinstance(event, yaml.AliasEvent) else "",
+                    f"expands to more than {MAX_NODES} YAML nodes (an alias bomb?); an inventory file may expand "
+                    f"to at most {MAX_NODES}",
+                )
+    except yaml.YAMLError:
+        return  # not YAML: Ansible's parser says where, with its own message
+
+
+GROUP_KEYS = {"hosts", "vars", "children"}
+NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def _not_inventory(path: Path, node: yaml.Node | None, reason: str) -> InputError:
+    """Says where and why in words only: the file may be a secret, so none of its text is quoted."""
+    where = f"{path}:{node.start_mark.line + 1}" if node is not None else str(path)
+    allowed = "an inventory maps group names to hosts, vars and children"
+    return InputError(where, "", f"is not an inventory: {reason}; {allowed}")
+
+
+def _check_structure(path: Path, text: str) -> None:
+    """A YAML inventory's shape, checked before Ansible reads it, whose errors and host lists would echo the text."""
+    try:
+        root = yaml.compose(text, Loader=yaml.CSafeLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        problem = re.sub(r"'[^']*'|\"[^\"]*\"", "(...)", getattr(err, "problem", None) or "a syntax error")
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise InputError(where, "", f"cannot parse the inventory: not valid YAML: {problem}") from None
+    if root is None:
+        return  # empty: Ansible says it has no hosts
+    if not isinstance(root, yaml.MappingNode):
+        raise _not_inventory(path, root, "the top level is not a mapping")
+
+    def mapping_or_null(node: yaml.Node, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
+        if isinstance(node, yaml.MappingNode):
+            return node.value
+        if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
+            return []
+        raise _not_inventory(path, node, f"{what} is not a mapping")
+
+    for name, group in root.value:
+        if not (isinstance(name, yaml.ScalarNode) and NAME.fullmatch(name.value)):
+            raise _not_inventory(path, name, "a top-level key is not a group name")
+        for key, value in mapping_or_null(group, "a group"):
+            if not isinstance(key, yaml.ScalarNode) or key.value not in GROUP_KEYS:
+                raise _not_inventory(path, key, "a group has a key other than hosts, vars and children")
+            if key.value == "children":
+                for _, child in mapping_or_null(value, "children"):
+                    mapping_or_null(child, "a child group")
+            else:
+                mapping_or_null(value, key.value)
+
+
+def _entries(directory: Path, seen: set[tuple[int, int]]) -> list[str]:
+    """The directory's names, once per directory: a link back up the tree would otherwise be walked forever."""
+    st = directory.stat()
+    if (st.st_dev, st.st_ino) in seen:
+        raise InputError(str(directory), "", "links back to a directory above it; an inventory tree has no loops")
+    seen.add((st.st_dev, st.st_ino))
+    try:
+        return sorted(os.listdir(directory))
+    except OSError as err:
+        raise InputError(str(directory), "", f"cannot be listed ({err.strerror})") from None
+
+
+def _check_inventory_dir(directory: Path, seen: set[tuple[int, int]]) -> None:
+    """The entries Ansible would try as inventory sources (it skips hidden, ignored and the vars trees)."""
+    for name in _entries(directory, seen):
+        if IGNORED.search(os.fsencode(name)):
+            continue
+        path = directory / name
+        st = _stat(path, "an inventory directory holds YAML inventory files and directories")
+        if stat.S_ISDIR(st.st_mode):
+            _check_inventory_dir(path, seen)
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111:
+            raise InputError(
+                str(path),
+                "",
+                "is executable: Ansible runs executables in an inventory directory as dynamic inventory scripts, "
+                "which provision never does; remove the execute bit or move it out",
+            )
+        if path.suffix not in YAML_SUFFIXES:
+            raise InputError(
+                str(path),
+                "",
+                f"is not an inventory file: only YAML ({', '.join(C.YAML_FILENAME_EXTENSIONS)}) is read; "
+                "move it out of the inventory directory",
+            )
+        text = _read(path, st, "an inventory file must be a regular file")
+        _check_aliases(path, text)
+        _check_structure(path, text)
+
+
+def _check_vars_tree(directory: Path, seen: set[tuple[int, int]]) -> None:
+    """group_vars/ or host_vars/: Ansible reads <name>, <name>.yml, ... and every such file under a <name>/."""
+    for name in _entries(directory, seen):
+        if name.startswith(".") or name.endswith("~"):  # Ansible skips these
+            continue
+        path = directory / name
+        st = _stat(path, "a vars file must be a regular file, a vars directory a directory")
+        if stat.S_ISDIR(st.st_mode) and not path.suffix:
+            _check_vars_tree(path, seen)
+        elif path.suffix in YAML_SUFFIXES:
+            what = "a vars file must be a regular file (a directory of vars files is named without an extension)"
+            _check_aliases(path, _read(path, st, what))
+
+
+def check_files(path: Path) -> None:
+    """Every file Ansible will read for this inventory is a regular, bounded YAML file: refuse the rest by name."""
+    st = _stat(path, "pass an inventory directory or YAML file")
+    seen: set[tuple[int, int]] = set()
+    if stat.S_ISDIR(st.st_mode):
+        _check_inventory_dir(path, seen)
+        base = path
+    else:
+        text = _read(path, st, "pass an inventory directory or YAML file")
+        _check_aliases(path, text)
+        _check_structure(path, text)
+        base = path.parent
+    for tree in ("group_vars", "host_vars"):
+        vars_dir = base / tree
+        if os.path.lexists(vars_dir):
+            if not stat.S_ISDIR(_stat(vars_dir, f"{tree} must be a directory").st_mode):
+                raise InputError(str(vars_dir), "", f"is not a directory; {tree} must be a directory of vars files")
+            _check_vars_tree(vars_dir, seen)
+
+
+DUPLICATE_KEY = re.compile(r"Found duplicate mapping key '(.*)'")
+
+
+def _refusal(source: str, context: str, text: str) -> InputError:
+    """An Ansible failure as an InputError; a duplicate key (ANSIBLE_DUPLICATE_YAML_DICT_KEY=error) names the key."""
+    duplicate = DUPLICATE_KEY.search(text)
+    if duplicate:
+        return InputError(source, duplicate.group(1), "given twice in one mapping; give each key once")
+    return InputError(source, "", f"{context}: {text}")
+
+
 @contextmanager
 def _quiet_ansible() -> Iterator[None]:
     """Ansible prints a warning per inventory plugin it tried; the error we raise says it once."""
@@ -47,8 +255,9 @@ def _quiet_ansible() -> Iterator[None]:
 
 class Inventory:
     def __init__(self, path: Path) -> None:
-        if not path.exists():
+        if not os.path.lexists(path):
             raise InputError("--inventory", "", f"{path} does not exist; pass an inventory directory or file")
+        check_files(path)
         self.path = path
         self.loader = DataLoader()
         try:
@@ -66,9 +275,47 @@ class Inventory:
                 self.loader.load_from_file(failed.group(1))
             except AnsibleError as yaml_err:
                 source, text = _ansible_message(yaml_err)
-                return InputError(source or failed.group(1), "", f"cannot parse the inventory: {text}")
+                return _refusal(source or failed.group(1), "cannot parse the inventory", text)
         source, text = _ansible_message(err)
-        return InputError(source or str(self.path), "", f"cannot parse the inventory: {text}")
+        return _refusal(source or str(self.path), "cannot parse the inventory", text)
+
+    def _check_host(self, host: str) -> None:
+        """One host type per host, and no dflash_* section that Ansible would pick from two groups by name order."""
+        groups = [g for g in self.manager.hosts[host].get_groups() if g.name != "all"]
+        types = sorted(g.name for g in groups if (PLAYBOOKS / f"{g.name}.yml").is_file())
+        if len(types) > 1:
+            raise InputError(
+                str(self.path), "groups", f"host {host} is in host types {' and '.join(types)}; a host has one type"
+            )
+        by_level: dict[tuple[int, int], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        for group in groups:
+            for key in self._group_keys(group.name) | set(group.get_vars()):
+                if key.startswith("dflash_"):
+                    by_level[(group.depth, group.priority)][key].append(group.name)
+        for owners in by_level.values():
+            for key, names in sorted(owners.items()):
+                if len(names) > 1:
+                    raise InputError(
+                        str(self.path),
+                        key,
+                        f"host {host} gets it from groups {' and '.join(sorted(names))} at the same level, where "
+                        "Ansible silently keeps the last by name; define it in one of them, or give one group a "
+                        "higher ansible_group_priority",
+                    )
+
+    def _group_keys(self, group: str) -> set[str]:
+        """The variable names a group's group_vars files define (Ansible reads them per host, when asked)."""
+        base = self.path if self.path.is_dir() else self.path.parent
+        keys: set[str] = set()
+        for file in self.loader.find_vars_files(str(base / "group_vars"), group):
+            try:
+                data = self.loader.load_from_file(file, unsafe=True)
+            except AnsibleError as err:
+                source, text = _ansible_message(err)
+                raise _refusal(source or file, "cannot parse the group's variables", text) from None
+            if isinstance(data, dict):
+                keys |= set(data)
+        return keys
 
     @property
     def host_names(self) -> list[str]:
@@ -83,9 +330,13 @@ class Inventory:
         if target in self.manager.groups:
             hosts = [h.name for h in self.manager.groups[target].get_hosts()]
             if hosts:
+                for host in hosts:
+                    self._check_host(host)
                 return hosts
             raise InputError("--host", target, "the group has no hosts")
-        if self.manager.get_host(target) is not None:
+        # hosts, not get_host(): that also answers for an implicit localhost the inventory never names
+        if target in self.manager.hosts:
+            self._check_host(target)
             return [target]
         raise InputError(
             "--host",
@@ -103,7 +354,7 @@ class Inventory:
                 return self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=False)
         except AnsibleError as err:
             source, text = _ansible_message(err)
-            raise InputError(source or str(self.path), "", f"cannot read variables of {host}: {text}") from None
+            raise _refusal(source or str(self.path), f"cannot read variables of {host}", text) from None
 
     def connection(self, host: str) -> dict[str, str]:
         """The host's ansible_* connection variables, templated: how day-2 commands reach it, as Ansible does."""

@@ -6,8 +6,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from provision.errors import SandboxError
 from provision.sandbox.layout import STATE, SandboxHost, base_dir, control_path, key_file, known_hosts
-from provision.sandbox.system import SandboxError, mounted, pid_alive, sh, terminate, wait_port
+from provision.sandbox.system import mounted, pid_alive, sh, terminate, wait_port
 
 CGROUP_ROOTS = [Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")]
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from provision.errors import SandboxError
 from provision.sandbox.layout import APT_PROXY_PORT, BRIDGE, GATEWAY, STATE, SandboxHost
-from provision.sandbox.system import SandboxError, pid_alive, sh, terminate, wait_port
+from provision.sandbox.system import pid_alive, sh, terminate, wait_port
 
 
 def _link_exists(name: str, netns: str | None = None) -> bool:

@@ -8,9 +8,7 @@ import socket
 import subprocess
 import time
 
-
-class SandboxError(Exception):
-    """The sandbox could not be brought into the asked state."""
+from provision.errors import SandboxError
 
 
 def sh(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
