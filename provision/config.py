@@ -8,37 +8,130 @@ has to change.
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
-from typing import Annotated, Literal
+import unicodedata
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from provision.tables import builds, compat, version_tuple
+from provision.tables import builds, compat, parsers, version_tuple
 
 CUDA_VERSION = r"^\d+\.\d+$"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# a host name as a URL or --dist-init-addr carries it (RFC 1123 labels)
+HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+GIT_REF = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9._/-]+$")
+# Words that say "secret" in a variable or flag name (TOKENIZERS_PARALLELISM and --num-draft-tokens do not):
+# such a value would sit in the world-readable unit or env file.
+SECRET_NAME = re.compile(r"(^|[-_])(api[-_]?key|token|secret|password|passwd)([-_]|$)", re.I)
 
 
 class RuleError(Exception):
     """A rule across fields failed. Not a ValueError on purpose: pydantic lets it through unwrapped."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, related: tuple[str, ...] = ()) -> None:
+        """related: the other fields the rule reads; the error is blamed on whichever a --set gave."""
         self.field = field
         self.message = message
+        self.related = related
         super().__init__(f"{field}: {message}")
 
 
+def _control_characters(value: Any) -> Iterator[str]:
+    """Control characters anywhere in a value (strings, list items, mapping keys and values)."""
+    if isinstance(value, str):
+        yield from (c for c in value if unicodedata.category(c) in ("Cc", "Zl", "Zp"))
+    elif isinstance(value, list):
+        for item in value:
+            yield from _control_characters(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _control_characters(key)
+            yield from _control_characters(item)
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a YAML `yes` is no port, "8" is no count; nothing is coerced in either direction
+    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_control_characters(cls, value: Any) -> Any:
+        # a newline or carriage return would add lines to the unit, the env file or a log line
+        bad = next(_control_characters(value), None)
+        if bad is not None:
+            raise ValueError(f"control character U+{ord(bad):04X} is not allowed (it could add lines to the unit)")
+        return value
 
 
 def _absolute(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError(f"must be an absolute path, got {value!r}")
+    if value == "/":
+        raise ValueError("must name a directory or file below /, not / itself")
+    if value != value.strip():
+        raise ValueError(f"must not begin or end with white space (systemd strips it), got {value!r}")
+    if "\\" in value:
+        raise ValueError(
+            f"a backslash is not allowed in a path (systemd unescapes it in some directives), got {value!r}"
+        )
+    normal = posixpath.normpath(value)
+    if normal != value or value.startswith("//"):
+        raise ValueError(f"must be a normalized path (no '.', '..', '//' or trailing '/'), like {normal!r}")
+    return value
+
+
+def _url(value: str, schemes: tuple[str, ...]) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or (not parts.netloc and parts.scheme != "file") or any(c.isspace() for c in value):
+        raise ValueError(f"must be a URL ({', '.join(s + '://' for s in schemes)}...) without spaces, got {value!r}")
+    if parts.fragment or "#" in value:
+        raise ValueError(f"a URL fragment (#...) is not allowed here, got {value!r}")
+    return value
+
+
+def _pep440(value: str) -> str:
+    try:
+        canonical = str(Version(value))
+    except InvalidVersion:
+        raise ValueError(f"must be a PEP 440 version, like 3.6.0, got {value!r}") from None
+    if canonical != value:
+        raise ValueError(f"must be written as {canonical!r} (PEP 440's normal form), got {value!r}")
+    return value
+
+
+def _requirement(value: str) -> str:
+    try:
+        Requirement(value)
+    except InvalidRequirement as err:
+        raise ValueError(f"must be a PEP 508 requirement, like 'numpy>=2': {err}") from None
+    return value
+
+
+def check_init_addr(value: str) -> str:
+    """An address torch.distributed's --dist-init-addr HOST:PORT carries: IPv4 or a host name."""
+    try:
+        if ipaddress.ip_address(value).version == 6:
+            raise ValueError(f"an IPv6 address cannot be given as SGLang's --dist-init-addr, got {value!r}; "
+                             "use an IPv4 address or a host name")  # fmt: skip
+    except ValueError as err:
+        if "IPv6" in str(err) or not HOSTNAME.match(value):
+            raise ValueError(str(err) if "IPv6" in str(err) else
+                             f"must be an IPv4 address or a host name, got {value!r}") from None  # fmt: skip
     return value
 
 
 AbsPath = Annotated[str, AfterValidator(_absolute)]
+HttpUrl = Annotated[str, AfterValidator(lambda v: _url(v, ("https", "http")))]
+GitUrl = Annotated[str, AfterValidator(lambda v: _url(v, ("https", "http", "ssh", "git", "file")))]
+Pep440 = Annotated[str, AfterValidator(_pep440)]
 
 
 class GpuProfile(Section):
@@ -65,7 +158,7 @@ class GpuProfile(Section):
 class CudaSpec(Section):
     version: str | None = Field(default=None, pattern=CUDA_VERSION)
     method: Literal["nvidia_repo", "pip", "preinstalled"] = "nvidia_repo"
-    home: AbsPath | None = None
+    home: Annotated[AbsPath, Field(pattern=r"^[^:]*$")] | None = Field(default=None, description="no ':' (PATH)")
 
     @field_validator("version", mode="before")
     @classmethod
@@ -81,11 +174,11 @@ class CudaSpec(Section):
 
 class SglangBuild(Section):
     source: Literal["release", "git", "wheel"] = "release"
-    version: str = "0.5.23"
-    git_url: str = "https://github.com/sgl-project/sglang.git"
-    git_ref: str | None = None
-    wheel: str | None = None
-    base_release: str | None = Field(
+    version: Pep440 = "0.5.23"
+    git_url: GitUrl = "https://github.com/sgl-project/sglang.git"
+    git_ref: str | None = Field(default=None, pattern=GIT_REF.pattern)
+    wheel: str | None = Field(default=None, description="an absolute path or an http(s) URL of the .whl")
+    base_release: Pep440 | None = Field(
         default=None, description="release whose pins (torch, triton, flashinfer) a git or wheel build keeps"
     )
     dialect: str | None = None
@@ -93,6 +186,19 @@ class SglangBuild(Section):
     install_deps: bool = Field(
         default=True, description="false: SGLang alone, beside python_env's packages (hosts without GPUs)"
     )
+
+    @field_validator("wheel")
+    @classmethod
+    def _wheel(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "://" in value:
+            _url(value, ("https", "http"))
+        else:
+            _absolute(value)
+        if not value.endswith(".whl"):
+            raise ValueError(f"must name a .whl file, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _source_complete(self) -> SglangBuild:
@@ -109,6 +215,13 @@ class SglangBuild(Section):
             raise RuleError("sglang.dialect", f"required for a {self.source} build; known: {', '.join(table.dialects)}")
         if self.dialect is not None and self.dialect not in table.dialects:
             raise RuleError("sglang.dialect", f"unknown dialect {self.dialect!r}; known: {', '.join(table.dialects)}")
+        own = table.releases[release].dialect
+        if self.source == "release" and self.dialect not in (None, own):
+            raise RuleError(
+                "sglang.dialect",
+                f"the {release} release speaks only its own dialect {own}, not {self.dialect}; "
+                "remove sglang.dialect, or set sglang.source to git or wheel for a build that speaks it",
+            )
         return self
 
     @property
@@ -128,7 +241,7 @@ class ModelFiles(Section):
         default="present", description="present: only check the files; huggingface: fetch repo; copy: from copy_from"
     )
     repo: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-    revision: str | None = None
+    revision: str | None = Field(default=None, pattern=GIT_REF.pattern)
     copy_from: AbsPath | None = Field(default=None, description="a directory on the control node")
     token_file: AbsPath | None = Field(default=None, description="control-node file (mode 0600) with the HF token")
     min_free_gb: int | None = Field(default=None, ge=0, description="free space required before fetching")
@@ -144,7 +257,7 @@ class ModelFiles(Section):
 
 
 class TargetModel(ModelFiles):
-    served_name: str | None = None
+    served_name: str | None = Field(default=None, min_length=1, max_length=256)
     trust_remote_code: bool = True
 
 
@@ -181,7 +294,8 @@ class Serve(Section):
     mem_fraction: float | None = Field(default=None, gt=0, lt=1)
     kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3", "bf16"] | None = None
     host: str = "127.0.0.1"
-    port: int = Field(default=30000, ge=1, le=65535)
+    # no capability is granted to the unprivileged service user, so no port below 1024
+    port: int = Field(default=30000, ge=1024, le=65535)
     api_key_file: AbsPath | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
@@ -195,6 +309,28 @@ class Serve(Section):
         known = compat().attention_backends
         if value is not None and value not in known:
             raise ValueError(f"unknown attention backend {value!r}; allowed: {', '.join(known)}")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if SECRET_NAME.search(name):
+                raise ValueError(
+                    f"{name} looks like a secret; serve.env lands in a world-readable file: give the API key "
+                    "as serve.api_key_file (a 0600 file) and a Hugging Face token as model.token_file"
+                )
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_secret_flags(cls, value: list[str]) -> list[str]:
+        for word in value:
+            if word.startswith("-") and SECRET_NAME.search(word.split("=", 1)[0].lstrip("-")):
+                raise ValueError(
+                    f"{word.split('=', 1)[0]} would put a secret in the world-readable unit; "
+                    "give the API key as serve.api_key_file (a 0600 file)"
+                )
         return value
 
     @field_validator("host")
@@ -220,7 +356,7 @@ class Serve(Section):
 
 
 class TritonSpec(Section):
-    version: str | None = Field(default=None, description="defaults to the SGLang build's pin")
+    version: Pep440 | None = Field(default=None, description="defaults to the SGLang build's pin")
     ptxas: Literal["auto", "toolkit", "bundled"] = Field(
         default="auto", description="auto: use the toolkit's ptxas only where Triton's bundled one is too old"
     )
@@ -232,7 +368,11 @@ FLASHINFER_MODULES = ("activation", "norm", "sampling", "rope", "page", "cascade
 
 
 class FlashinferSpec(Section):
-    arch_list: str | None = Field(default=None, description="defaults to the arch in FlashInfer's spelling")
+    arch_list: str | None = Field(
+        default=None,
+        pattern=r"^\d+\.\d+[af]?( \d+\.\d+[af]?)*$",
+        description="defaults to the arch in FlashInfer's spelling",
+    )
     workspace_base: AbsPath = "/var/cache/sglang-dflash/flashinfer"
     aot_modules: list[Literal[FLASHINFER_MODULES]] = Field(  # type: ignore[valid-type]
         default=["norm", "batch_mla"], description="built ahead of time once per arch and shipped to the others"
@@ -243,28 +383,32 @@ class FlashinferSpec(Section):
 class PythonEnvSpec(Section):
     """The service's virtualenv: torch and Triton pinned to the toolkit, from an index or a wheelhouse."""
 
-    torch: str | None = Field(default=None, description="defaults to the SGLang build's pin")
+    torch: Pep440 | None = Field(default=None, description="defaults to the SGLang build's pin")
     torch_variant: Literal["cuda", "cpu"] = Field(default="cuda", description="cuda: the build for torch's CUDA")
-    torch_index_url: str | None = Field(
+    torch_index_url: HttpUrl | Literal[""] | None = Field(
         default=None, description="defaults to download.pytorch.org's index for the variant; empty: none"
     )
-    index_url: str | None = Field(default=None, description="the package index; default: pip's own")
+    index_url: HttpUrl | None = Field(default=None, description="the package index; default: pip's own")
     wheelhouse: bool = Field(default=True, description="the control node downloads once and ships to the hosts")
-    extra_requirements: list[str] = []
+    extra_requirements: list[Annotated[str, AfterValidator(_requirement)]] = []
 
 
 class ServiceSpec(Section):
-    name: str = Field(default="sglang-dflash", pattern=r"^[a-zA-Z0-9_.-]+$")
-    user: str = Field(default="sglang", pattern=r"^[a-z_][a-z0-9_-]*$")
-    venv: AbsPath = "/opt/sglang-dflash/venv"
+    # a unit name systemd accepts that is also a safe file and directory name (no "..", no leading dot)
+    name: str = Field(default="sglang-dflash", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    user: str = Field(default="sglang", pattern=r"^[a-z_][a-z0-9_-]*$", max_length=32)
+    # its bin/ goes on PATH, which a ':' would split
+    venv: Annotated[AbsPath, Field(pattern=r"^[^:]*$")] = "/opt/sglang-dflash/venv"
     config_dir: AbsPath = "/etc/sglang-dflash"
-    start_timeout_s: int = Field(default=1800, ge=5, description="a 590B model loads for minutes")
-    stop_timeout_s: int = Field(default=180, ge=5, description="SIGTERM drains in-flight requests first")
+    start_timeout_s: int = Field(default=1800, ge=5, le=86400, description="a 590B model loads for minutes")
+    stop_timeout_s: int = Field(default=180, ge=5, le=86400, description="SIGTERM drains in-flight requests first")
     launcher: Literal["sglang", "standin"] = Field(
         default="sglang", description="standin: hosts without GPUs run the SGLang stand-in (tests/standin), same argv"
     )
     standin_path: AbsPath = "/opt/dflash-provision/libexec/sglang_standin.py"
-    limit_nofile: int = Field(default=65536, ge=1024, description="open files (SGLang raises its soft limit to it)")
+    limit_nofile: int = Field(
+        default=65536, ge=1024, le=1048576, description="open files (SGLang raises its soft limit to it)"
+    )
 
 
 class MultiNode(Section):
@@ -272,7 +416,14 @@ class MultiNode(Section):
 
     nodes: list[str] = Field(min_length=2)
     init_addr: str | None = Field(default=None, description="defaults to the first node's address")
-    init_port: int = Field(default=50000, ge=1, le=65535)
+    init_port: int = Field(default=50000, ge=1024, le=65535)
+
+    @field_validator("init_addr")
+    @classmethod
+    def _addr(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_init_addr(value)
+        return value
 
     @field_validator("nodes")
     @classmethod
@@ -305,15 +456,73 @@ class Deployment(Section):
         self._check_parallelism()
         self._check_backends()
         self._check_toolkit()
+        self._check_parsers()
         return self
+
+    def _check_parsers(self) -> None:
+        known = parsers()[self.sglang.release_name]
+        for field, names in (
+            ("reasoning_parser", known.reasoning_parsers),
+            ("tool_call_parser", known.tool_call_parsers),
+        ):
+            value = getattr(self.serve, field)
+            if value is not None and value not in names:
+                raise RuleError(
+                    f"serve.{field}",
+                    f"SGLang {self.sglang.release_name} has no {field.replace('_', ' ')} {value!r}; "
+                    f"allowed: {', '.join(names)}",
+                )
+
+    def inert(self) -> list[tuple[str, str]]:
+        """(field, why) for each setting given explicitly that has no effect under the resolved config."""
+        serve, graph, build = self.serve, self.serve.cuda_graph, self.sglang
+        no_spec = "serve.algorithm is NONE (no speculative decoding)"
+        no_graph = "serve.cuda_graph.enabled is false"
+        rules = [
+            (not serve.speculative, "serve.block_size", no_spec),
+            (not serve.speculative, "serve.draft_window", no_spec),
+            (not serve.speculative, "serve.draft_attention_backend", no_spec),
+            (
+                serve.algorithm != "DDTREE",
+                "serve.ddtree",
+                f"serve.ddtree.* is read only by DDTREE, not {serve.algorithm}",
+            ),
+            (not graph.enabled, "serve.cuda_graph.max_bs", no_graph),
+            (not graph.enabled, "serve.cuda_graph.prefill", no_graph),
+            (build.source != "git", "sglang.git_url", f"sglang.source is {build.source}, not git"),
+            (build.source != "git", "sglang.git_ref", f"sglang.source is {build.source}, not git"),
+            (build.source != "wheel", "sglang.wheel", f"sglang.source is {build.source}, not wheel"),
+            (build.source == "release", "sglang.base_release", "sglang.source is release (sglang.version names it)"),
+        ]
+        for section in ("model", "drafter"):
+            files = getattr(self, section)
+            if files is None:
+                continue
+            hub, copy = files.source != "huggingface", files.source != "copy"
+            source_is = f"{section}.source is {files.source}, not"
+            rules += [
+                (hub, f"{section}.{key}", f"{source_is} huggingface") for key in ("repo", "revision", "token_file")
+            ]
+            rules.append((copy, f"{section}.copy_from", f"{source_is} copy"))
+        given = set(_given(self))
+        return [
+            (field, why)
+            for inert, prefix, why in rules
+            if inert
+            for field in sorted(f for f in given if f == prefix or f.startswith(prefix + "."))
+        ]
 
     def _check_parallelism(self) -> None:
         serve, gpus = self.serve, self.gpu.count * self.nnodes
         if serve.tp * serve.pp > gpus:
             where = f"{self.gpu.count} per node x {self.nnodes} nodes" if self.nnodes > 1 else "this host"
-            raise RuleError("serve.tp", f"tp {serve.tp} x pp {serve.pp} needs more GPUs than {gpus} ({where})")
+            raise RuleError(
+                "serve.tp",
+                f"tp {serve.tp} x pp {serve.pp} needs more GPUs than {gpus} ({where})",
+                ("serve.pp", "gpu.count"),
+            )
         if serve.ep not in (1, serve.tp):
-            raise RuleError("serve.ep", f"must be 1 or equal to tp ({serve.tp}), got {serve.ep}")
+            raise RuleError("serve.ep", f"must be 1 or equal to tp ({serve.tp}), got {serve.ep}", ("serve.tp",))
 
     def _check_speculative(self) -> None:
         serve = self.serve
@@ -327,7 +536,9 @@ class Deployment(Section):
             raise RuleError("drafter", f"{serve.algorithm} needs a drafter (path and trained block_size)")
         if serve.draft_window is not None and serve.draft_window < serve.block_size:
             raise RuleError(
-                "serve.draft_window", f"must be >= block_size ({serve.block_size}), got {serve.draft_window}"
+                "serve.draft_window",
+                f"must be >= block_size ({serve.block_size}), got {serve.draft_window}",
+                ("serve.block_size",),
             )
         trained = self.drafter.block_size
         if serve.block_size > trained and not serve.allow_untrained_depth:
@@ -337,6 +548,7 @@ class Deployment(Section):
                 f"{trained}..{serve.block_size - 1} the drafter never trained on (it predicts 1..{trained - 1}); "
                 "allowed: <= "
                 f"{trained}, or set serve.allow_untrained_depth=true",
+                ("drafter.block_size",),
             )
         dialect = builds().resolved_dialect(self.sglang.dialect_name)
         if serve.algorithm not in dialect.algorithms:
@@ -344,6 +556,7 @@ class Deployment(Section):
                 "serve.algorithm",
                 f"{serve.algorithm} is not spoken by the SGLang build (dialect {self.sglang.dialect_name}: "
                 f"{dialect.description}); allowed: {', '.join([*dialect.algorithms, 'NONE'])}",
+                ("sglang.dialect", "sglang.source", "sglang.version", "sglang.base_release"),
             )
 
     def _check_backends(self) -> None:
@@ -355,6 +568,7 @@ class Deployment(Section):
                 raise RuleError(
                     f"serve.{field}",
                     f"{backend} does not run on {self.gpu.sm} ({refused[backend]}); allowed: {', '.join(allowed)}",
+                    ("gpu.arch",),
                 )
 
     def _check_toolkit(self) -> None:
@@ -368,6 +582,7 @@ class Deployment(Section):
                 "cuda.version",
                 f"CUDA {pin} cannot compile {self.gpu.sm} ({self.gpu.model}); it needs >= {first}; "
                 f"allowed: {', '.join(newer)}",
+                ("gpu.arch",),
             )
         torch_cuda = self.torch_cuda
         if version_tuple(pin)[0] != version_tuple(torch_cuda)[0]:
@@ -376,8 +591,19 @@ class Deployment(Section):
                 f"CUDA {pin} does not match the CUDA {torch_cuda} build of torch that SGLang uses (JIT kernels "
                 f"must be built with the same major version); pin {torch_cuda.split('.')[0]}.x or set "
                 "sglang.torch_cuda to a matching torch build",
+                ("sglang.torch_cuda", "sglang.version"),
             )
 
     @property
     def torch_cuda(self) -> str:
         return self.sglang.torch_cuda or builds().releases[self.sglang.release_name].torch_cuda
+
+
+def _given(model: BaseModel, prefix: str = "") -> Iterator[str]:
+    """Dotted paths of the leaf fields given explicitly (not left at their defaults)."""
+    for name in model.model_fields_set:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            yield from _given(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}"

@@ -51,6 +51,8 @@ def parse_value(admitted: list[Any], text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    except RecursionError:  # PyYAML composes nested flow collections recursively
+        raise ValueError("nested too deeply") from None
 
 
 def split_set(items: list[str], source: str = "--set") -> dict[str, str]:
@@ -72,7 +74,10 @@ def check_key(key: str, value: Any, source: str) -> Any:
         where, allowed = err.args
         hint = f"allowed under {where}: {', '.join(allowed)}" if allowed else f"{where} takes no sub-keys"
         raise InputError(source, key, f"unknown key; {hint}") from None
-    return parse_value(admitted, value) if isinstance(value, str) else value
+    try:
+        return parse_value(admitted, value) if isinstance(value, str) else value
+    except ValueError as err:
+        raise InputError(source, key, f"cannot read the value: {err}") from None
 
 
 def apply(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -99,6 +99,7 @@ class Plan(BaseModel):
     argv: list[str]
     server_args: list[str]
     service_address: str
+    service_url: str
     env_file: str
     unit: str
     notes: list[str]
@@ -259,8 +260,11 @@ def plan_nodes(dep: Deployment, host: str, addresses: dict[str, str]) -> NodePla
     return NodePlan(nnodes=len(nodes), node_rank=nodes.index(host), dist_init_addr=f"{head}:{dep.multinode.init_port}")
 
 
-def build_plan(dep: Deployment, host: str, groups: list[str], addresses: dict[str, str]) -> Plan:
-    """addresses: inventory host name -> the address it is reached at (for multi-node init)."""
+def build_plan(
+    dep: Deployment, host: str, groups: list[str], addresses: dict[str, str], notes: list[str] | None = None
+) -> Plan:
+    """addresses: inventory host name -> the address it is reached at (for multi-node init); notes: what
+    the caller found worth saying (settings without effect)."""
     cuda = choose_cuda(dep)
     triton = plan_triton(dep)
     release = builds().releases[dep.sglang.release_name]
@@ -275,14 +279,16 @@ def build_plan(dep: Deployment, host: str, groups: list[str], addresses: dict[st
     nodes = plan_nodes(dep, host, addresses)
     dialect = builds().resolved_dialect(dep.sglang.dialect_name)
     spelling = dialect.algorithms.get(dep.serve.algorithm)
-    notes = [spelling.note] if spelling and spelling.note else []
+    notes = [*(notes or []), *([spelling.note] if spelling and spelling.note else [])]
     if dep.serve.speculative and dep.drafter and dep.serve.block_size > dep.drafter.block_size:
         notes.append(
             f"block size {dep.serve.block_size} exceeds the drafter's trained {dep.drafter.block_size} "
             "(allowed by serve.allow_untrained_depth): expect low acceptance at the untrained depths"
         )
-    argv, algo_env = argv_for(dep, dialect, nodes)
-    env = _environment(dep, cuda, triton, flashinfer, algo_env)
+    argv = argv_for(dep, dialect, nodes)
+    env = _environment(dep, cuda, triton, flashinfer, argv.env)
+    # where the host itself reaches the server (a wildcard bind is reached on loopback)
+    address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(dep.serve.host, dep.serve.host)
     plan_fields = dict(
         host=host,
         groups=groups,
@@ -307,13 +313,28 @@ def build_plan(dep: Deployment, host: str, groups: list[str], addresses: dict[st
         multinode=nodes,
         config=dep,
         env=env,
-        argv=argv,
-        server_args=argv[len(launcher(dep)) :],
-        # where the host itself reaches the server (a wildcard bind is reached on loopback)
-        service_address={"0.0.0.0": "127.0.0.1", "::": "::1"}.get(dep.serve.host, dep.serve.host),
+        argv=argv.argv,
+        server_args=argv.argv[len(launcher(dep)) :],
+        service_address=address,
+        service_url=f"http://{url_host(address)}:{dep.serve.port}",
         notes=notes,
     )
     return Plan(**plan_fields, env_file=env_file_text(env), unit=unit_text(dep, argv))
+
+
+def url_host(address: str) -> str:
+    """An address as a URL or an ssh forward spells it: IPv6 in brackets."""
+    return f"[{address}]" if ":" in address else address
+
+
+# What the plan itself puts in the environment, and the field to set instead of serve.env.
+ENV_FIELDS = {
+    "CUDA_HOME": "cuda.home", "PATH": "service.venv and cuda.home", "TORCH_CUDA_ARCH_LIST": "gpu.arch",
+    "TRITON_CACHE_DIR": "triton.cache_dir", "FLASHINFER_CUDA_ARCH_LIST": "flashinfer.arch_list",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer.workspace_base", "TRITON_PTXAS_PATH": "triton.ptxas",
+    "TRITON_PTXAS_BLACKWELL_PATH": "triton.ptxas", "NCCL_P2P_DISABLE": "serve.nccl_p2p_disable",
+    "HOME": "service.name (HOME is the state directory /var/lib/NAME)",
+}  # fmt: skip
 
 
 def _environment(
@@ -334,6 +355,12 @@ def _environment(
             env["TRITON_PTXAS_BLACKWELL_PATH"] = f"{cuda.home}/bin/ptxas"
     if dep.serve.nccl_p2p_disable:
         env["NCCL_P2P_DISABLE"] = "1"
+    for name in dep.serve.env:
+        owner = ENV_FIELDS.get(name) or ("serve.algorithm's settings (serve.ddtree)" if name in algo_env else None)
+        if owner is None and name.startswith("SGLANG_DDTREE_"):
+            owner = "serve.ddtree"
+        if owner is not None:
+            raise RuleError("serve.env", f"{name} is set by the deployment itself; set {owner} instead")
     return {**env, **algo_env, **dep.serve.env}
 
 

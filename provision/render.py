@@ -1,15 +1,20 @@
-"""Render the launch command, the environment file and the systemd unit from a Deployment."""
+"""Render the launch command, the environment file and the systemd unit from a Deployment.
+
+Every value is escaped for the place it lands by that place's own rules (systemd.service(5) for
+ExecStart=, systemd.exec(5) for path directives and EnvironmentFile=, specifiers in systemd.unit(5));
+the config models have already refused what no escape can make safe (control characters).
+"""
 
 from __future__ import annotations
 
 import re
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import jinja2
 
-from provision.config import Deployment
-from provision.tables import Dialect
+from provision.config import Deployment, RuleError
+from provision.tables import Dialect, parsers
 
 if TYPE_CHECKING:
     from provision.plan import NodePlan
@@ -17,10 +22,68 @@ if TYPE_CHECKING:
 API_KEY_VAR = "SGLANG_DFLASH_API_KEY"
 API_KEY_REF = "${" + API_KEY_VAR + "}"
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:=,+@-]+$")
+# The field that decides each flag the deployment renders: extra_args may not repeat one.
+FLAG_FIELDS = {
+    "--model-path": "model.path", "--served-model-name": "model.served_name",
+    "--trust-remote-code": "model.trust_remote_code", "--tp-size": "serve.tp", "--ep-size": "serve.ep",
+    "--pp-size": "serve.pp", "--enable-dp-attention": "serve.dp_attention", "--nnodes": "multinode.nodes",
+    "--node-rank": "multinode.nodes", "--dist-init-addr": "multinode.init_addr",
+    "--attention-backend": "serve.attention_backend", "--context-length": "serve.context_length",
+    "--mem-fraction-static": "serve.mem_fraction", "--kv-cache-dtype": "serve.kv_cache_dtype",
+    "--host": "serve.host", "--port": "serve.port", "--api-key": "serve.api_key_file",
+    "--reasoning-parser": "serve.reasoning_parser", "--tool-call-parser": "serve.tool_call_parser",
+    "--enable-metrics": "serve.metrics",
+}  # fmt: skip
+# The dialect's flag names (provision/data/sglang_builds.yml) and the fields that decide them.
+DIALECT_FIELDS = {
+    "draft_model": "drafter.path", "block_size": "serve.block_size", "draft_window": "serve.draft_window",
+    "draft_attention_backend": "serve.draft_attention_backend", "cuda_graph_max_bs": "serve.cuda_graph.max_bs",
+    "disable_cuda_graph": "serve.cuda_graph.enabled", "disable_prefill_cuda_graph": "serve.cuda_graph.prefill",
+}  # fmt: skip
 
 
-def argv_for(dep: Deployment, dialect: Dialect, nodes: NodePlan | None) -> tuple[list[str], dict[str, str]]:
+class Argv(NamedTuple):
+    argv: list[str]
+    env: dict[str, str]
+    # the one word that is a reference for systemd to substitute (the API key), by position: a value
+    # that happens to read "${SGLANG_DFLASH_API_KEY}" is escaped like any other
+    secret_at: int | None
+
+
+def owned_flags(dialect: Dialect) -> dict[str, str]:
+    """Every flag the deployment can render -> the field that decides it."""
+    owned = dict(FLAG_FIELDS)
+    owned.update({dialect.flags[key]: field for key, field in DIALECT_FIELDS.items() if key in dialect.flags})
+    for spelling in dialect.algorithms.values():
+        for flag, value in zip(spelling.args, [*spelling.args[1:], ""], strict=True):
+            if flag.startswith("--"):
+                placeholder = re.fullmatch(r"\{(\w+)\}", value)
+                owned[flag] = f"serve.ddtree.{placeholder[1]}" if placeholder else "serve.algorithm"
+    return owned
+
+
+def check_extra_args(dep: Deployment, dialect: Dialect) -> None:
+    """extra_args may not repeat a flag the deployment renders, under any alias or abbreviation:
+    the server would bind or load one thing while readiness, verify and status look at another."""
+    owned = owned_flags(dialect)
+    parser = parsers()[dep.sglang.release_name]
+    for word in dep.serve.extra_args:
+        if not word.startswith("-"):
+            continue
+        flag = word.split("=", 1)[0]
+        names = parser.group_of(word) or [o for o in owned if len(flag) > 2 and o.startswith(flag)] or [flag]
+        hit = next((n for n in names if n in owned), None)
+        if hit is not None:
+            field = owned[hit]
+            raise RuleError(
+                "serve.extra_args",
+                f"{flag} repeats {hit}, which the deployment renders from {field}; set {field} instead",
+            )
+
+
+def argv_for(dep: Deployment, dialect: Dialect, nodes: NodePlan | None) -> Argv:
     """The server's command line, and the environment its algorithm spelling asks for."""
+    check_extra_args(dep, dialect)
     serve, flags = dep.serve, dialect.flags
     args = ["--model-path", dep.model.path]
     if dep.model.served_name:
@@ -65,9 +128,11 @@ def argv_for(dep: Deployment, dialect: Dialect, nodes: NodePlan | None) -> tuple
     if serve.kv_cache_dtype is not None:
         args += ["--kv-cache-dtype", serve.kv_cache_dtype]
     args += ["--host", serve.host, "--port", str(serve.port)]
+    secret_at = None
     if serve.api_key_file:
         # systemd substitutes it from a root-only EnvironmentFile: the key is never in the unit.
         args += ["--api-key", API_KEY_REF]
+        secret_at = len(launcher(dep)) + len(args) - 1
     if serve.reasoning_parser:
         args += ["--reasoning-parser", serve.reasoning_parser]
     if serve.tool_call_parser:
@@ -75,7 +140,7 @@ def argv_for(dep: Deployment, dialect: Dialect, nodes: NodePlan | None) -> tuple
     if serve.metrics:
         args.append("--enable-metrics")
     args += serve.extra_args
-    return [*launcher(dep), *args], env
+    return Argv([*launcher(dep), *args], env, secret_at)
 
 
 def launcher(dep: Deployment) -> list[str]:
@@ -86,20 +151,36 @@ def launcher(dep: Deployment) -> list[str]:
     return [python, "-m", "sglang.launch_server"]
 
 
-def systemd_quote(arg: str) -> str:
-    """One ExecStart word: %-specifiers and $-expansion escaped, except the API key reference."""
-    if arg == API_KEY_REF:
-        return arg
-    escaped = arg.replace("%", "%%").replace("$", "$$")
+def specifiers(text: str) -> str:
+    """Text in a directive that expands %-specifiers, kept literal."""
+    return text.replace("%", "%%")
+
+
+def exec_word(arg: str) -> str:
+    """One ExecStart= word, literal whatever its value: specifiers and $-expansion escaped, quoted
+    (with C escapes) unless plain; a lone ";" would separate commands, so it is escaped as systemd says."""
+    escaped = specifiers(arg).replace("$", "$$")
+    if escaped == ";":
+        return "\\;"
     if _PLAIN.match(escaped):
         return escaped
     return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def exec_start(argv: Argv) -> str:
+    return " ".join(API_KEY_REF if i == argv.secret_at else exec_word(a) for i, a in enumerate(argv.argv))
+
+
+def path_word(path: str) -> str:
+    """A path in a directive that splits and unquotes its value (ReadWritePaths=): quoted, specifiers escaped."""
+    return '"' + specifiers(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def env_file_text(env: dict[str, str]) -> str:
+    """systemd's EnvironmentFile= syntax: in double quotes, \\ " $ and ` are taken literally after a backslash."""
     lines = ["# Rendered by dflash-provision from the host's plan; do not edit by hand."]
     for name, value in env.items():
-        quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+        quoted = re.sub(r'([\\"$`])', r"\\\1", value)
         lines.append(f'{name}="{quoted}"')
     return "\n".join(lines) + "\n"
 
@@ -113,9 +194,16 @@ _templates = jinja2.Environment(
 )
 
 
-def unit_text(dep: Deployment, argv: list[str]) -> str:
+def unit_text(dep: Deployment, argv: Argv) -> str:
+    service = dep.service
     return _templates.get_template("sglang-dflash.service.j2").render(
         dep=dep,
-        exec_start=" ".join(systemd_quote(a) for a in argv),
-        writable=sorted({dep.triton.cache_dir, dep.flashinfer.workspace_base}),
+        description=specifiers(
+            f"SGLang {dep.serve.algorithm} server for {dep.model.path}"
+            + (" (SGLang stand-in, no GPU)" if service.launcher == "standin" else "")
+        ),
+        env_files=[specifiers(f"{service.config_dir}/{service.name}.env")]
+        + ([specifiers(f"{service.config_dir}/secrets.env")] if dep.serve.api_key_file else []),
+        exec_start=exec_start(argv),
+        writable=[path_word(p) for p in sorted({dep.triton.cache_dir, dep.flashinfer.workspace_base})],
     )

@@ -24,8 +24,19 @@ SET_VAR = "dflash_set"
 # `provision apply --set` reaches the playbook under its own name, so that it is applied after a
 # host's dflash_set (extra vars would otherwise replace that variable whole).
 CLI_SET_VAR = "dflash_cli_set"
-# Variables of ours that are not deployment sections: the overrides and what the playbooks set.
-OTHER_VARS = (SET_VAR, CLI_SET_VAR, "dflash_plan", "dflash_host_type")
+# Variables the tool sets itself (the playbooks, `provision apply`, the plan fact): an inventory that
+# sets one would be read by ansible-playbook and not by `provision plan`, so it is refused.
+RESERVED_VARS = (CLI_SET_VAR, "dflash_plan", "dflash_host_type")
+OTHER_VARS = (SET_VAR, *RESERVED_VARS)
+
+
+def kind(value: Any) -> str:
+    """A value's type in the user's words (never Ansible's internal tagged type names)."""
+    for types, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+                        (Mapping, "a mapping"), (list, "a list")):  # fmt: skip
+        if isinstance(value, types):
+            return name
+    return "null" if value is None else "a value of another type"
 
 
 def origin_of(value: Any) -> str | None:
@@ -48,8 +59,12 @@ class HostVars:
         fallback: str,
         cli_set: Mapping[str, Any] | None = None,
         cli_source: str = "--set",
+        inventory_dir: str | None = None,
     ) -> None:
+        """inventory_dir: where the inventory's files are, when `raw` also holds play and extra vars
+        (the Ansible plugin); None when every raw variable comes from the inventory (the CLI)."""
         self.host = host
+        self.inventory_dir = inventory_dir
         self.raw = raw
         self.template = template
         self.fallback = fallback
@@ -63,6 +78,17 @@ class HostVars:
             if name.startswith(PREFIX) and name not in known:
                 source = origin_of(self.raw[name]) or self.fallback
                 raise InputError(source, name, f"unknown variable; known: {', '.join(known)}")
+        for name in RESERVED_VARS:
+            if name not in self.raw:
+                continue
+            source = origin_of(self.raw[name])
+            tag = Origin.get_tag(self.raw[name])
+            in_inventory = bool(self.inventory_dir and tag and tag.path and
+                                tag.path.startswith(self.inventory_dir.rstrip("/") + "/"))  # fmt: skip
+            if self.inventory_dir is None or in_inventory:
+                raise InputError(
+                    source or self.fallback, name, f"is set by provision itself; put overrides in {SET_VAR}"
+                )
 
     def _host_set(self) -> dict[str, Any]:
         raw = self.raw.get(SET_VAR)
@@ -71,7 +97,11 @@ class HostVars:
         source = origin_of(raw) or self.fallback
         value = self.template(raw)
         if not isinstance(value, Mapping):
-            raise InputError(source, SET_VAR, "must be a mapping of dotted keys to values, like {serve.port: 30001}")
+            raise InputError(
+                source,
+                SET_VAR,
+                f"must be a mapping of dotted keys to values, like {{serve.port: 30001}}; got {kind(value)}",
+            )
         return {str(k): overrides.check_key(str(k), v, source) for k, v in value.items()}
 
     def data(self) -> dict[str, Any]:
@@ -84,47 +114,72 @@ class HostVars:
             value = self.template(raw)
             if not isinstance(value, Mapping):
                 source = origin_of(raw) or self.fallback
-                raise InputError(source, PREFIX + section, f"must be a mapping, got {type(value).__name__}")
+                raise InputError(source, PREFIX + section, f"must be a mapping, got {kind(value)}")
             data[section] = dict(value)
         return overrides.apply(overrides.apply(data, self._host_set()), self.cli_set)
 
-    def blame(self, field: str) -> tuple[str, str]:
-        """(source, field as the user wrote it) for a dotted config field."""
+    def from_cli(self, field: str) -> str | None:
+        """The --set key that gives `field` (or a section above it), if one does."""
         parts = field.split(".")
-        for i in range(len(parts), 0, -1):
-            key = ".".join(parts[:i])
-            if key in self.cli_set:
-                return f"{self.cli_source} {key}={self.cli_given[key]}", field
+        above = (".".join(parts[:i]) for i in range(len(parts), 0, -1))
+        below = (k for k in self.cli_set if k.startswith(field + "."))  # serve.env.NAME for serve.env
+        return next((k for k in above if k in self.cli_set), None) or next(below, None)
+
+    def blame(self, field: str, related: tuple[str, ...] = ()) -> tuple[str, str]:
+        """(source, field as the user wrote it) for a dotted config field. A rule across fields is
+        blamed on whichever of them a --set gave: that is the value that changed."""
+        for candidate in (field, *related):
+            key = self.from_cli(candidate)
+            if key is not None:
+                return f"{self.cli_source} {key}={self.cli_given[key]}", candidate
+        parts = field.split(".")
         host_set = self.raw.get(SET_VAR)
         if isinstance(host_set, Mapping):
             for i in range(len(parts), 0, -1):
                 key = ".".join(parts[:i])
                 if key in host_set:
                     return (origin_of(host_set[key]) or origin_of(host_set) or self.fallback), f"{SET_VAR}[{key}]"
-        node: Any = self.raw.get(PREFIX + parts[0])
-        source = origin_of(node)
-        for step in parts[1:]:
-            if not isinstance(node, Mapping) or step not in node:
-                break
-            node = node[step]
-            source = origin_of(node) or source
-        return source or self.fallback, PREFIX + field
+        for candidate in (field, *related):
+            steps = candidate.split(".")
+            node: Any = self.raw.get(PREFIX + steps[0])
+            source = origin_of(node)
+            for step in steps[1:]:
+                if not isinstance(node, Mapping) or step not in node:
+                    node = None
+                    break
+                node = node[step]
+                source = origin_of(node) or source
+            if node is not None:
+                return source or self.fallback, PREFIX + candidate
+        # given nowhere: the value is the default, so no file line holds it
+        return self.fallback, f"{PREFIX}{field} (the default)"
 
     def deployment(self) -> Deployment:
         data = self.data()
         try:
             return Deployment.model_validate(data)
         except RuleError as err:
-            raise self.error(err.field, err.message) from None
+            raise self.error(err.field, err.message, err.related) from None
         except ValidationError as err:
             first = err.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
             more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
             raise self.error(field, _describe(first) + more) from None
 
-    def error(self, field: str, message: str) -> InputError:
-        source, shown = self.blame(field)
+    def error(self, field: str, message: str, related: tuple[str, ...] = ()) -> InputError:
+        source, shown = self.blame(field, related)
         return InputError(source, shown, message)
+
+    def inert_notes(self, dep: Deployment) -> list[str]:
+        """Settings without effect: refused when a --set gave them (the user asked for a change that
+        would change nothing), a note in the plan when the inventory holds them."""
+        notes = []
+        for field, why in dep.inert():
+            source, shown = self.blame(field)
+            if self.from_cli(field):
+                raise InputError(source, shown, f"has no effect: {why}; remove it")
+            notes.append(f"{source}: {shown} has no effect: {why}")
+        return notes
 
 
 def _describe(error: Mapping[str, Any]) -> str:
@@ -147,7 +202,8 @@ def _describe(error: Mapping[str, Any]) -> str:
 
 def plan_host(hostvars: HostVars, groups: list[str], addresses: dict[str, str]) -> Plan:
     dep = hostvars.deployment()
+    notes = hostvars.inert_notes(dep)
     try:
-        return build_plan(dep, hostvars.host, groups, addresses)
+        return build_plan(dep, hostvars.host, groups, addresses, notes)
     except RuleError as err:
-        raise hostvars.error(err.field, err.message) from None
+        raise hostvars.error(err.field, err.message, err.related) from None

@@ -32,7 +32,7 @@ from provision.inventory import Inventory
 from provision.plan import Plan
 from provision.reconfigure import check_with_parser, plan_new, switch
 from provision.remote import Remote
-from provision.sweep_matrix import Matrix, SweepConfig, load_matrix
+from provision.sweep_matrix import UNTRAINED_KEY, Matrix, SweepConfig, load_matrix
 from provision.sweep_report import summarize, write_report
 from provision.sweep_results import CONFIG_LEVEL, Record, Results, now
 
@@ -184,6 +184,14 @@ def sweep(inventory: Inventory, host: str, matrix_path: Path, out_dir: Path, res
     plans = inventory.plans(host, {})
     if len(plans) != 1:
         raise InputError("--host", host, f"a sweep runs on one host; {host} names {len(plans)}")
+    for i, config in enumerate(matrix.configs):  # every config planned before the host is touched
+        try:
+            # the block size is judged again against the drafter's own config.json when the config runs
+            inventory.plans(host, {**config.overrides(), UNTRAINED_KEY: True})
+        except InputError as err:
+            if not err.source.startswith("--set"):
+                raise
+            raise InputError(f"{matrix_path}: configs[{i}] ({config.name})", err.field, err.message) from None
     results_path = out_dir / "results.jsonl"
     if results_path.exists() and not resume:
         raise InputError("--out", str(out_dir), "holds results already; add --resume to go on, or choose another")

@@ -185,14 +185,21 @@ def _leaf_adapter(path: list[str]) -> TypeAdapter[Any]:
         if models:
             info = models[0].model_fields[step]
             if last:
-                return TypeAdapter(Annotated[info.annotation, info])
+                return _strict(Annotated[info.annotation, info])
             current = info.annotation
         else:  # a dict section (serve.env): its value type
             dicts = [t for t in _unwrap(current) if typing.get_origin(t) is dict]
             current = typing.get_args(dicts[0])[1]
             if last:
-                return TypeAdapter(current)
+                return _strict(current)
     return TypeAdapter(current)  # an empty path: not reached, check_key refuses it
+
+
+def _strict(annotation: Any) -> TypeAdapter[Any]:
+    """As strict as the model itself (no "yes" for a port); a section's model carries its own config."""
+    if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _unwrap(annotation)):
+        return TypeAdapter(annotation)
+    return TypeAdapter(annotation, config=ConfigDict(strict=True))
 
 
 def _unwrap(annotation: Any) -> list[Any]:

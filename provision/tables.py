@@ -96,3 +96,28 @@ def builds() -> Builds:
 
 def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
+
+
+class ParserData(_Strict):
+    """One SGLang release's argument parser: its options (each with its aliases) and parser names."""
+
+    reasoning_parsers: list[str]
+    tool_call_parsers: list[str]
+    options: list[list[str]]
+
+    def group_of(self, word: str) -> list[str] | None:
+        """The option (with its aliases) a command-line word names, as argparse resolves it: exact, or
+        an unambiguous prefix (SGLang's parser allows abbreviations)."""
+        flag = word.split("=", 1)[0]
+        exact = [g for g in self.options if flag in g]
+        if exact:
+            return exact[0]
+        prefixed = [g for g in self.options if any(o.startswith(flag) for o in g if o.startswith("--"))]
+        return prefixed[0] if flag.startswith("--") and len(prefixed) == 1 else None
+
+
+@cache
+def parsers() -> dict[str, ParserData]:
+    data = _load("sglang_parsers.yml")
+    assert isinstance(data, dict)
+    return {release: ParserData.model_validate(value) for release, value in data.items()}

@@ -45,7 +45,10 @@ BAD_SETS = [
     (["serve"], ["--set", "expected KEY=VALUE"]),
     (["=3"], ["--set", "expected KEY=VALUE"]),
     (["serve.ddtree.budget.deeper=1"], ["serve.ddtree.budget", "takes no sub-keys"]),
-    (["sglang.dialect=sglang-0.5.23"], ["dflash_serve.algorithm", "DDTREE is not spoken", "allowed: DFLASH, NONE"]),
+    (
+        ["sglang.dialect=sglang-0.5.23"],
+        ["--set sglang.dialect=sglang-0.5.23", "DDTREE is not spoken", "allowed: DFLASH, NONE"],
+    ),
     (["sglang.dialect=nightly"], ["sglang.dialect", "unknown dialect", "ddtree-pr29907"]),
     (["sglang.source=release", "sglang.version=0.4.0"], ["sglang.version", "unknown release", "0.5.23"]),
     (["serve.host=myhost"], ["serve.host", "IP address"]),
@@ -58,6 +61,102 @@ BAD_SETS = [
     (["triton.version=2.9.0", "triton.ptxas=auto"], ["triton.version", "no ptxas facts"]),
     (["serve.extra_args=notalist"], ["serve.extra_args", "valid list"]),
 ]
+
+
+# Issue 10's classes, as an operator would type them (the inventory's classes are in test_bad_inventory.py).
+INJECTION = [
+    (["triton.cache_dir=/x\nExecStartPre=+/bin/id"], ["triton.cache_dir", "control character U+000A"]),
+    (["service.venv=/opt/v\rExecStartPre=/bin/id"], ["service.venv", "control character U+000D"]),
+    (["model.served_name=kimi\nUser=root"], ["model.served_name", "control character U+000A"]),
+    # YAML's own escape: the newline exists only once the value is read
+    ([r'serve.extra_args=["--x", "a\nExecStartPre=/bin/id"]'], ["serve.extra_args", "control character U+000A"]),
+    (["serve.env.FOO=a\nb"], ["serve.env", "control character U+000A"]),
+    (["model.path=/m\u2028x"], ["model.path", "control character U+2028"]),
+    (["model.served_name=a\x00b"], ["model.served_name", "control character U+0000"]),
+    (["triton.cache_dir=cache"], ["triton.cache_dir", "absolute path"]),
+    (["triton.cache_dir=/a/../etc"], ["triton.cache_dir", "normalized", "'/etc'"]),
+    (["triton.cache_dir=/"], ["triton.cache_dir", "not / itself"]),
+    (["flashinfer.workspace_base=/var/cache/fi/"], ["flashinfer.workspace_base", "normalized"]),
+    (["flashinfer.workspace_base=//var/cache"], ["flashinfer.workspace_base", "normalized"]),
+    (["triton.cache_dir=/a\\"], ["triton.cache_dir", "backslash"]),
+    (["model.path=/models/k2 "], ["model.path", "white space"]),
+    (["service.venv=/opt/a:b"], ["service.venv", "String should match pattern"]),
+    (['serve.extra_args=["--api-key", "sk-123"]'], ["serve.extra_args", "--api-key", "serve.api_key_file"]),
+    (['serve.extra_args=["--api-key=sk-123"]'], ["serve.extra_args", "serve.api_key_file"]),
+    (["serve.env.SGLANG_DFLASH_API_KEY=sk-123"], ["serve.env", "looks like a secret", "serve.api_key_file"]),
+    (["serve.env.HF_TOKEN=hf_x"], ["--set serve.env.HF_TOKEN=hf_x", "model.token_file"]),
+    (["serve.env.DB_PASSWORD=x"], ["serve.env", "looks like a secret"]),
+]
+COERCIONS = [
+    (["serve.port=true"], ["serve.port", "valid integer", "got True"]),
+    (["serve.port=yes"], ["serve.port", "valid integer"]),
+    (["serve.port=on"], ["serve.port", "valid integer"]),
+    (["serve.port=30000.0"], ["serve.port", "valid integer"]),
+    (["serve.tp=yes"], ["serve.tp", "valid integer"]),
+    (["gpu.count=8.5"], ["gpu.count", "valid integer"]),
+    (["drafter.block_size=true"], ["drafter.block_size", "valid integer"]),
+    (["serve.mem_fraction=true"], ["serve.mem_fraction", "valid number"]),
+    (["model.trust_remote_code=1"], ["model.trust_remote_code", "valid boolean"]),
+    (["serve.metrics=0"], ["serve.metrics", "valid boolean"]),
+    (["serve.cuda_graph.max_bs=off"], ["serve.cuda_graph.max_bs", "valid integer"]),
+]
+NO_OPS = [
+    (["serve.algorithm=DFLASH", "serve.ddtree.budget=12"], ["--set serve.ddtree.budget=12", "has no effect", "DDTREE"]),
+    (["serve.algorithm=DFLASH", "serve.ddtree.topk=2"], ["serve.ddtree.topk", "has no effect"]),
+    (["serve.algorithm=NONE", "serve.block_size=4"], ["--set serve.block_size=4", "has no effect", "NONE"]),
+    (["serve.algorithm=NONE", "serve.draft_window=4096"], ["serve.draft_window", "has no effect"]),
+    (["serve.cuda_graph.enabled=false", "serve.cuda_graph.max_bs=8"], ["serve.cuda_graph.max_bs", "has no effect"]),
+    (["serve.cuda_graph.enabled=false", "serve.cuda_graph.prefill=true"], ["serve.cuda_graph.prefill", "no effect"]),
+    (["model.repo=moonshotai/Kimi-K2"], ["model.repo", "has no effect", "not huggingface"]),
+    (["drafter.copy_from=/src"], ["drafter.copy_from", "has no effect", "not copy"]),
+]
+CONFLICTS = [
+    (['serve.extra_args=["--port", "30001"]'], ["serve.extra_args", "--port", "set serve.port instead"]),
+    (['serve.extra_args=["--port=30001"]'], ["serve.extra_args", "set serve.port instead"]),
+    (['serve.extra_args=["--po", "30001"]'], ["--po repeats --port", "serve.port"]),
+    (['serve.extra_args=["--host", "0.0.0.0"]'], ["--host", "set serve.host instead"]),
+    (['serve.extra_args=["--tensor-parallel-size", "4"]'], ["repeats --tp-size", "set serve.tp instead"]),
+    (['serve.extra_args=["--ep", "8"]'], ["repeats --ep-size", "serve.ep"]),
+    (['serve.extra_args=["--model", "/other"]'], ["repeats --model-path", "model.path"]),
+    (['serve.extra_args=["--speculative-num-draft-tokens", "4"]'], ["serve.block_size"]),
+    (['serve.extra_args=["--speculative-ddtree-budget", "4"]'], ["serve.ddtree.budget"]),
+    (['serve.extra_args=["--enable-metrics"]'], ["serve.metrics"]),
+    (["sglang.source=release"], ["dflash_sglang.dialect", "speaks only its own dialect sglang-0.5.23"]),
+    (["serve.reasoning_parser=kimi-k2"], ["serve.reasoning_parser", "no reasoning parser 'kimi-k2'", "kimi_k2"]),
+    (["serve.tool_call_parser=nope"], ["serve.tool_call_parser", "allowed:", "kimi_k2"]),
+    (["triton.version=banana"], ["triton.version", "PEP 440"]),
+    (["python_env.torch=v2.14.1"], ["python_env.torch", "'2.14.1'"]),
+    (["sglang.source=wheel", "sglang.wheel=dist/sglang.whl"], ["sglang.wheel", "absolute path"]),
+    (["sglang.source=wheel", "sglang.wheel=ftp://host/sglang.whl"], ["sglang.wheel", "URL"]),
+    (["sglang.source=wheel", "sglang.wheel=/w/sglang.tar.gz"], ["sglang.wheel", ".whl"]),
+    (["sglang.git_ref=--upload-pack=x"], ["sglang.git_ref", "pattern"]),
+    (["python_env.index_url=pypi.internal"], ["python_env.index_url", "URL"]),
+    (['python_env.extra_requirements=["numpy>="]'], ["python_env.extra_requirements", "PEP 508"]),
+    (["flashinfer.arch_list=12.0; rm -rf /"], ["flashinfer.arch_list", "pattern"]),
+    (["service.name=.."], ["service.name", "pattern"]),
+    (["service.name=../etc/x"], ["service.name", "pattern"]),
+    (["service.start_timeout_s=99999999"], ["service.start_timeout_s", "less than or equal to 86400"]),
+    (["service.stop_timeout_s=1"], ["service.stop_timeout_s", "greater than or equal to 5"]),
+    (["service.limit_nofile=99999999"], ["service.limit_nofile", "less than or equal to 1048576"]),
+    (["serve.port=80"], ["serve.port", "greater than or equal to 1024"]),
+    (["serve.env.TRITON_CACHE_DIR=/x"], ["serve.env", "set triton.cache_dir instead"]),
+    (["serve.env.PATH=/x"], ["serve.env", "service.venv"]),
+    (["serve.env.SGLANG_DDTREE_MAX_TOPK=2"], ["serve.env", "serve.ddtree"]),
+]
+CRASHES = [
+    (["serve.extra_args=" + "[" * 5000], ["serve.extra_args", "nested too deeply"]),
+    (["drafter.block_size=4"], ["--set drafter.block_size=4", "trained block size 4"]),
+    (["gpu.arch=10.3", "serve.attention_backend=trtllm_mla", "serve.draft_attention_backend=flashinfer"], []),
+]
+NEW_SETS = [*INJECTION, *COERCIONS, *NO_OPS, *CONFLICTS, *CRASHES[:2]]
+
+
+@pytest.mark.parametrize(("sets", "expected"), NEW_SETS, ids=[" ".join(s)[:60] for s, _ in NEW_SETS])
+def test_bad_set_issue_10(run, sets: list[str], expected: list[str]) -> None:
+    argv = ["plan", "--host", "rtx6000"]
+    for item in sets:
+        argv += ["--set", item]
+    assert_refused(*run(*argv), expected)
 
 
 @pytest.mark.parametrize(("sets", "expected"), BAD_SETS, ids=[" ".join(s) for s, _ in BAD_SETS])

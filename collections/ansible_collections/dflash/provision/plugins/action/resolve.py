@@ -20,7 +20,12 @@ class ActionModule(ActionBase):
         host = task_vars["inventory_hostname"]
         cli_set = self._templar.template(task_vars.get(CLI_SET_VAR) or {})
         hostvars = HostVars(
-            host, task_vars, self._templar.template, fallback=f"inventory (host {host})", cli_set=cli_set
+            host,
+            task_vars,
+            self._templar.template,
+            fallback=f"inventory (host {host})",
+            cli_set=cli_set,
+            inventory_dir=str(task_vars.get("inventory_dir") or ""),
         )
         addresses = {
             name: str(self._templar.template(hv.get("ansible_host", name)))
