@@ -406,6 +406,16 @@ class ServiceSpec(Section):
         default="sglang", description="standin: hosts without GPUs run the SGLang stand-in (tests/standin), same argv"
     )
     standin_path: AbsPath = "/opt/dflash-provision/libexec/sglang_standin.py"
+    rdma: bool = Field(
+        default=False, description="open the InfiniBand verbs and rdma_cm devices (multi-node instances always do)"
+    )
+    systemd_version: int | None = Field(
+        default=None,
+        ge=230,
+        le=999,
+        description="the host's systemd; unset: `provision plan` assumes 255 and the play renders for the "
+        "version the host reports",
+    )
     limit_nofile: int = Field(
         default=65536, ge=1024, le=1048576, description="open files (SGLang raises its soft limit to it)"
     )

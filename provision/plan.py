@@ -83,6 +83,16 @@ class NodePlan(BaseModel):
     dist_init_addr: str
 
 
+class SystemdPlan(BaseModel):
+    version: int
+    assumed: bool
+
+
+# What `provision plan` renders for when service.systemd_version is unset (Ubuntu 24.04's); the play
+# renders for the version each host reports.
+ASSUMED_SYSTEMD = 255
+
+
 class Plan(BaseModel):
     host: str
     groups: list[str]
@@ -94,6 +104,7 @@ class Plan(BaseModel):
     sglang: SglangPlan
     python_env: PythonEnvPlan
     multinode: NodePlan | None
+    systemd: SystemdPlan
     config: Deployment
     env: dict[str, str]
     argv: list[str]
@@ -285,6 +296,14 @@ def build_plan(
             f"block size {dep.serve.block_size} exceeds the drafter's trained {dep.drafter.block_size} "
             "(allowed by serve.allow_untrained_depth): expect low acceptance at the untrained depths"
         )
+    systemd = SystemdPlan(
+        version=dep.service.systemd_version or ASSUMED_SYSTEMD, assumed=dep.service.systemd_version is None
+    )
+    if systemd.assumed:
+        notes.append(
+            f"the unit is rendered for systemd {ASSUMED_SYSTEMD} (assumed: service.systemd_version is unset); "
+            "apply renders it for the version each host reports"
+        )
     argv = argv_for(dep, dialect, nodes)
     env = _environment(dep, cuda, triton, flashinfer, argv.env)
     # where the host itself reaches the server (a wildcard bind is reached on loopback)
@@ -311,6 +330,7 @@ def build_plan(
         ),
         python_env=plan_python_env(dep, triton),
         multinode=nodes,
+        systemd=systemd,
         config=dep,
         env=env,
         argv=argv.argv,
@@ -319,7 +339,7 @@ def build_plan(
         service_url=f"http://{url_host(address)}:{dep.serve.port}",
         notes=notes,
     )
-    return Plan(**plan_fields, env_file=env_file_text(env), unit=unit_text(dep, argv))
+    return Plan(**plan_fields, env_file=env_file_text(env), unit=unit_text(dep, argv, systemd))
 
 
 def url_host(address: str) -> str:

@@ -47,6 +47,13 @@ def trained_block_size(remote: Remote, plan: Plan) -> int | None:
     return int(record["block_size"]) if record.get("source") == "config.json" else None
 
 
+def systemd_version(remote: Remote) -> int | None:
+    """The host's systemd, which the unit is rendered for (as `provision apply` does)."""
+    proc = remote.run("systemctl --version", timeout=30)
+    words = proc.stdout.split()
+    return int(words[1]) if proc.returncode == 0 and len(words) > 1 and words[1].isdigit() else None
+
+
 def check_with_parser(remote: Remote, plan: Plan) -> None:
     python = f"{plan.python_env.venv}/bin/python3"
     proc = remote.run(f"{shlex.quote(python)} {ARGCHECK} {shlex.quote(json.dumps(plan.server_args))}", timeout=120)
@@ -64,6 +71,9 @@ def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_u
     for host in inventory.hosts_for(target):
         remote = Remote.from_vars(host, inventory.connection(host))
         extra: dict[str, Any] = {"serve.allow_untrained_depth": "true"} if allow_untrained else {}
+        version = systemd_version(remote)
+        if version is not None and "service.systemd_version" not in cli_set:
+            extra["service.systemd_version"] = version
         inventory_side = inventory.plans(host, {**cli_set, **extra, "serve.allow_untrained_depth": "true"})[0]
         trained = trained_block_size(remote, inventory_side)
         claimed = inventory_side.config.drafter.block_size if inventory_side.config.drafter else None
@@ -86,7 +96,7 @@ def switch(plan: Plan, remote: Remote) -> Outcome:
     job = {
         "name": svc.name, "unit": plan.unit, "env": plan.env_file,
         "unit_path": f"/etc/systemd/system/{svc.name}.service", "env_path": f"{svc.config_dir}/{svc.name}.env",
-        "state_dir": STATE_DIR, "url": f"http://{plan.service_address}:{plan.config.serve.port}",
+        "state_dir": STATE_DIR, "url": plan.service_url,
         "api_key_file": plan.config.serve.api_key_file, "start_timeout_s": svc.start_timeout_s,
         "stop_timeout_s": svc.stop_timeout_s, "gpu_release_timeout_s": 120, "journal_lines": 40,
         "config": plan.config.model_dump(mode="json"), "by": f"provision reconfigure, pid {os.getpid()}",

@@ -17,7 +17,7 @@ from provision.config import Deployment, RuleError
 from provision.tables import Dialect, parsers
 
 if TYPE_CHECKING:
-    from provision.plan import NodePlan
+    from provision.plan import NodePlan, SystemdPlan
 
 API_KEY_VAR = "SGLANG_DFLASH_API_KEY"
 API_KEY_REF = "${" + API_KEY_VAR + "}"
@@ -194,7 +194,7 @@ _templates = jinja2.Environment(
 )
 
 
-def unit_text(dep: Deployment, argv: Argv) -> str:
+def unit_text(dep: Deployment, argv: Argv, systemd: SystemdPlan) -> str:
     service = dep.service
     return _templates.get_template("sglang-dflash.service.j2").render(
         dep=dep,
@@ -205,5 +205,7 @@ def unit_text(dep: Deployment, argv: Argv) -> str:
         env_files=[specifiers(f"{service.config_dir}/{service.name}.env")]
         + ([specifiers(f"{service.config_dir}/secrets.env")] if dep.serve.api_key_file else []),
         exec_start=exec_start(argv),
+        rdma=service.rdma or dep.multinode is not None,
+        systemd=systemd,
         writable=[path_word(p) for p in sorted({dep.triton.cache_dir, dep.flashinfer.workspace_base})],
     )

@@ -29,7 +29,7 @@ from provision import coding, loadgen
 from provision.errors import InputError
 from provision.files import write_atomic
 from provision.inventory import Inventory
-from provision.plan import Plan
+from provision.plan import Plan, url_host
 from provision.reconfigure import check_with_parser, plan_new, switch
 from provision.remote import Remote
 from provision.sweep_matrix import UNTRAINED_KEY, Matrix, SweepConfig, load_matrix
@@ -44,12 +44,12 @@ def tunnel(remote: Remote, plan: Plan) -> Iterator[str]:
     """The server's URL as the control node reaches it: an ssh forward to the host's loopback address."""
     port = plan.config.serve.port
     if not remote.argv:
-        yield f"http://{plan.service_address}:{port}"
+        yield plan.service_url
         return
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         local = probe.getsockname()[1]
-    forward = f"127.0.0.1:{local}:{plan.service_address}:{port}"
+    forward = f"127.0.0.1:{local}:{url_host(plan.service_address)}:{port}"
     ssh = [remote.argv[0], "-N", "-o", "ExitOnForwardFailure=yes", "-L", forward, *remote.argv[1:]]
     proc = subprocess.Popen(ssh, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -83,7 +83,7 @@ def has_bench_serving(remote: Remote, plan: Plan) -> bool:
 def measure(remote: Remote, plan: Plan, url: str, key: str | None, cell: Any, on_host: bool) -> loadgen.CellResult:
     if not on_host:
         return asyncio.run(loadgen.run_cell(url, key, cell, seed=1))
-    host_url = f"http://{plan.service_address}:{plan.config.serve.port}"
+    host_url = plan.service_url
     out = f"/tmp/dflash-sweep-{cell.id}.jsonl"
     argv = loadgen.bench_serving_argv(host_url, cell, "SGLANG_DFLASH_API_KEY", out,
                                       python=f"{plan.python_env.venv}/bin/python3")  # fmt: skip

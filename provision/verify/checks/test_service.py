@@ -19,7 +19,7 @@ from provision.verify.checks.conftest import service_key
 def service(host: Any, plan: dict[str, Any]) -> dict[str, Any]:
     if not host.exists("systemctl") or host.run("test -d /run/systemd/system").rc != 0:
         pytest.skip(f"no systemd on {host.backend.get_hostname()}: the service is not deployed there")
-    return plan["config"]["service"] | {"url": f"http://{plan['service_address']}:{plan['config']['serve']['port']}"}
+    return plan["config"]["service"] | {"url": plan["service_url"]}
 
 
 def _curl(host: Any, url: str, key: str | None = None, body: dict[str, Any] | None = None) -> tuple[int, str]:

@@ -18,7 +18,11 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         host = task_vars["inventory_hostname"]
-        cli_set = self._templar.template(task_vars.get(CLI_SET_VAR) or {})
+        cli_set = dict(self._templar.template(task_vars.get(CLI_SET_VAR) or {}))
+        # the host's own systemd, once the play has read it: the unit is rendered for that version
+        reported = self._task.args.get("systemd_version")
+        if reported is not None and "service.systemd_version" not in cli_set:
+            cli_set["service.systemd_version"] = int(reported)
         hostvars = HostVars(
             host,
             task_vars,

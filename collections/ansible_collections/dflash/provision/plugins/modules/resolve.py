@@ -8,7 +8,15 @@ description:
     pydantic models of the C(provision) package and sets the C(dflash_plan) fact, exactly what
     C(provision plan --host HOST --json) prints.
   - Runs on the control node and never connects to the host.
-options: {}
+options:
+  systemd_version:
+    description:
+      - The host's systemd version, as the play read it (C(ansible_facts.systemd.version)). The unit is rendered
+        for it (directives older versions do not know are left out) unless C(provision apply --set
+        service.systemd_version=N) says otherwise. Without it the plan assumes the inventory's
+        C(service.systemd_version), else 255.
+    type: int
+    required: false
 author: dflash-provision developers
 """
 
