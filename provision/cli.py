@@ -25,6 +25,11 @@ STATE_ROOT = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "sta
 DEFAULT_STATE = STATE_ROOT / "runs"
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:  # rich's hook (its default exits 1): one handler for every closed pipe, main's
+        raise BrokenPipeError
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
         self.exit(2, f"provision: error: {message} (see `{self.prog} --help`)\n")
@@ -269,7 +274,7 @@ def _crash_report(err: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
+    console = _Console()
     commands = {
         "plan": cmd_plan,
         "apply": cmd_apply,

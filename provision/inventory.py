@@ -203,9 +203,17 @@ def _check_inventory_dir(directory: Path, seen: set[tuple[int, int]]) -> None:
 
 def _check_vars_tree(directory: Path, seen: set[tuple[int, int]]) -> None:
     """group_vars/ or host_vars/: Ansible reads <name>, <name>.yml, ... and every such file under a <name>/."""
-    for name in _entries(directory, seen):
-        if name.startswith(".") or name.endswith("~"):  # Ansible skips these
-            continue
+    names = [n for n in _entries(directory, seen) if not n.startswith(".") and not n.endswith("~")]  # as Ansible
+    stems: dict[str, str] = {}
+    for name in names:
+        stem, suffix = os.path.splitext(name)
+        if suffix in YAML_SUFFIXES and stems.setdefault(stem, name) != name:
+            raise InputError(
+                str(directory / name),
+                "",
+                f"and {stems[stem]} both hold the variables of {stem}, which Ansible merges silently; keep one",
+            )
+    for name in names:
         path = directory / name
         st = _stat(path, "a vars file must be a regular file, a vars directory a directory")
         if stat.S_ISDIR(st.st_mode) and not path.suffix:
