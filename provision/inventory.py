@@ -287,10 +287,15 @@ class Inventory:
         source, text = _ansible_message(err)
         return _refusal(source or str(self.path), "cannot parse the inventory", text)
 
+    def host_types(self, host: str) -> list[str]:
+        """The host's types: its groups that have a playbook of their own."""
+        groups = self.manager.hosts[host].get_groups()
+        return sorted(g.name for g in groups if g.name != "all" and (PLAYBOOKS / f"{g.name}.yml").is_file())
+
     def _check_host(self, host: str) -> None:
         """One host type per host, and no dflash_* section that Ansible would pick from two groups by name order."""
         groups = [g for g in self.manager.hosts[host].get_groups() if g.name != "all"]
-        types = sorted(g.name for g in groups if (PLAYBOOKS / f"{g.name}.yml").is_file())
+        types = self.host_types(host)
         if len(types) > 1:
             raise InputError(
                 str(self.path), "groups", f"host {host} is in host types {' and '.join(types)}; a host has one type"
@@ -397,4 +402,12 @@ class Inventory:
             check_instances(plans)
         except RuleError as err:
             raise InputError(str(self.path), err.field, err.message) from None
+        for plan in plans:
+            nodes = plan.config.multinode.nodes if plan.config.multinode else []
+            kinds = {node: self.host_types(node) for node in nodes if node in self.manager.hosts}
+            if len({tuple(k) for k in kinds.values()}) > 1:
+                mixed = ", ".join(f"{node} ({'/'.join(k) or 'no type'})" for node, k in kinds.items())
+                raise InputError(
+                    str(self.path), "dflash_multinode.nodes", f"one instance spans one host type; got {mixed}"
+                )
         return plans

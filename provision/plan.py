@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from provision.config import Deployment, RuleError
+from provision.config import Deployment, RuleError, check_init_addr
 from provision.render import argv_for, env_file_text, launcher, unit_text
 from provision.tables import builds, compat, version_tuple
 
@@ -268,6 +268,10 @@ def plan_nodes(dep: Deployment, host: str, addresses: dict[str, str]) -> NodePla
     if unknown:
         raise RuleError("multinode.nodes", f"not in the inventory: {', '.join(unknown)}")
     head = dep.multinode.init_addr or addresses[nodes[0]]
+    try:
+        check_init_addr(head)
+    except ValueError as err:
+        raise RuleError("multinode.init_addr", f"{nodes[0]}'s address (ansible_host) {err}") from None
     return NodePlan(nnodes=len(nodes), node_rank=nodes.index(host), dist_init_addr=f"{head}:{dep.multinode.init_port}")
 
 

@@ -64,3 +64,29 @@ def test_nodes_of_one_instance_must_agree(inventory: Path, run) -> None:
     (host_vars / "node-b.yml").write_text("dflash_set:\n  serve.port: 30001\n")
     rc, _, err = run("plan", "--host", "b300", "--inventory", str(inventory))
     assert rc == 2 and "node-a and node-b are nodes of one instance but their multinode or serve settings differ" in err
+
+
+def test_an_instance_mixing_host_types_is_refused(inventory: Path, run) -> None:
+    doc = json.loads(json.dumps(TWO_NODES))
+    b300 = doc["all"]["children"]["b300"]
+    b300["hosts"].pop("node-b")
+    doc["all"]["children"]["rtx6000"] = {"hosts": {"node-b": {"ansible_host": "127.0.0.2"}}, "vars": b300["vars"]}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(doc))
+    rc, out, err = run("plan", "--host", "node-a", "--inventory", str(inventory))
+    assert rc == 2 and out == "" and "dflash_multinode.nodes" in err, err
+    assert "one instance spans one host type; got node-a (b300), node-b (rtx6000)" in err
+
+
+def test_an_ipv6_init_address_is_refused(inventory: Path, run) -> None:
+    _two_nodes(inventory, dflash_multinode={"nodes": ["node-a", "node-b"], "init_addr": "fd00::1"})
+    rc, _, err = run("plan", "--host", "node-a", "--inventory", str(inventory))
+    assert rc == 2 and "multinode.init_addr" in err and "IPv6" in err
+
+
+def test_a_multinode_unit_opens_the_rdma_devices(inventory: Path, run) -> None:
+    _two_nodes(inventory, dflash_set={"serve.tp": 16})
+    rc, out, err = run("plan", "--json", "--host", "node-a", "--inventory", str(inventory))
+    assert rc == 0, err
+    unit = json.loads(out)["unit"]
+    assert "DeviceAllow=char-infiniband_verbs rw" in unit and "DeviceAllow=/dev/infiniband/rdma_cm rw" in unit
+    assert "LimitMEMLOCK=infinity" in unit

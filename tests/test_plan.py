@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+from pathlib import Path
+
+import pytest
 
 from provision.render import API_KEY_REF
 from tests.conftest import ROOT
@@ -185,3 +189,48 @@ def test_discover_reads_the_interconnect_from_nvidia_smi_topo() -> None:
     assert interconnect(h200) == "single"
     assert interconnect(nvlink) == "nvlink"
     assert interconnect(pcie) == "pcie"
+
+
+def test_a_value_that_reads_like_the_key_reference_is_only_text(plan_json) -> None:
+    plan = plan_json("--host", "rtx6000", "--set", "model.served_name=${SGLANG_DFLASH_API_KEY}")
+    exec_start = next(line for line in plan["unit"].splitlines() if line.startswith("ExecStart="))
+    assert "--served-model-name \"$${SGLANG_DFLASH_API_KEY}\"" in exec_start
+    assert exec_start.count(" " + API_KEY_REF) == 1  # the --api-key word, placed by position
+
+
+def test_ipv6_binds_give_bracketed_urls(plan_json) -> None:
+    assert plan_json("--host", "b300", "--set", "serve.host=::")["service_url"] == "http://[::1]:30000"
+    assert plan_json("--host", "b300", "--set", "serve.host=fd00::5")["service_url"] == "http://[fd00::5]:30000"
+
+
+def test_rdma_devices_only_when_asked(plan_json) -> None:
+    assert "infiniband" not in plan_json("--host", "b300")["unit"]
+    assert "DeviceAllow=char-infiniband_verbs rw" in plan_json("--host", "b300", "--set", "service.rdma=true")["unit"]
+
+
+def test_the_plan_says_which_systemd_it_assumed(plan_json) -> None:
+    plan = plan_json("--host", "b300")
+    assert plan["systemd"] == {"version": 255, "assumed": True}
+    assert any("rendered for systemd 255 (assumed" in note for note in plan["notes"])
+    old = plan_json("--host", "b300", "--set", "service.systemd_version=249")
+    assert "\nRestartSteps=" not in old["unit"] and "\nRestartSec=15" in old["unit"]
+    assert "SystemCallFilter=pidfd_getfd" in old["unit"] and "SystemCallErrorNumber=EPERM" in old["unit"]
+
+
+def test_settings_without_effect_in_the_inventory_are_noted(inventory: Path, run) -> None:
+    # rtx6000's group_vars set serve.ddtree; under DFLASH it does nothing: a note, not an error
+    (inventory / "group_vars" / "rtx6000.yml").write_text(
+        (inventory / "group_vars" / "rtx6000.yml").read_text().replace("algorithm: DDTREE", "algorithm: DFLASH")
+    )
+    rc, out, err = run("plan", "--json", "--host", "rtx6000", "--inventory", str(inventory))
+    assert rc == 0, err
+    notes = json.loads(out)["notes"]
+    assert any("dflash_serve.ddtree.budget has no effect" in n and "group_vars/rtx6000.yml" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("name", ["dflash_cli_set", "dflash_plan", "dflash_host_type"])
+def test_variables_provision_sets_are_refused_in_the_inventory(inventory: Path, run, name: str) -> None:
+    path = inventory / "group_vars" / "b300.yml"
+    path.write_text(path.read_text() + f"{name}: {{serve.port: 31000}}\n")
+    rc, out, err = run("plan", "--host", "b300", "--inventory", str(inventory))
+    assert rc == 2 and out == "" and name in err and "set by provision itself" in err, err
