@@ -35,7 +35,7 @@ def sandbox() -> list[layout.SandboxHost]:
 def test_hosts_boot_systemd_and_answer_ssh(sandbox, run) -> None:
     rc, out, _ = run("sandbox", "status")
     assert rc == 0
-    assert "rtx6000-sbx (rtx6000) 10.231.7." in out and "b300-sbx (b300) 10.231.7." in out
+    assert f"rtx6000-sbx (rtx6000) {layout.SUBNET}." in out and f"b300-sbx (b300) {layout.SUBNET}." in out
     assert out.count(": running") == 2  # systemd's own verdict, not "degraded"
 
 
@@ -48,7 +48,7 @@ def test_exec_passes_the_exit_code_through(sandbox) -> None:
 
 def test_each_host_has_its_own_network_namespace(sandbox) -> None:
     for host in sandbox:
-        addrs = subprocess.run(["ip", "-n", host.name, "-4", "addr"], capture_output=True, text=True, check=True)
+        addrs = subprocess.run(["ip", "-n", host.netns, "-4", "addr"], capture_output=True, text=True, check=True)
         assert host.address in addrs.stdout
     assert len({h.address for h in sandbox}) == 2
 
@@ -102,9 +102,9 @@ def test_down_leaves_nothing_behind(sandbox, run) -> None:
         )
     mounts = Path("/proc/self/mounts").read_text()
     assert str(layout.STATE / "hosts") not in mounts
-    assert not any(Path(f"/run/netns/{h.name}").exists() for h in sandbox)
+    assert not any(Path(f"/run/netns/{h.netns}").exists() for h in sandbox)
     assert subprocess.run(["ip", "link", "show", layout.BRIDGE], capture_output=True).returncode != 0
-    assert not [p for p in Path("/sys/fs/cgroup").glob("*/dflash-sandbox-*")]
+    assert not [p for h in sandbox for p in Path("/sys/fs/cgroup").glob(f"*/{h.cgroup}")]
     # no ssh master outlives its host (a new host at the same address would inherit a dead one)
     assert not list((layout.STATE / "ssh").glob("cm-*"))
     rc, _, err = run("plan", "--host", "b300", "--sandbox")

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from provision.files import write_atomic
 
-STATE = Path(os.environ.get("PROVISION_SANDBOX_DIR", "/var/lib/dflash-provision/sandbox"))
-BRIDGE = "dfpbr0"
-SUBNET = "10.231.7"
+# Several sandboxes can run side by side (parallel work on one machine): PROVISION_SANDBOX_ID=1..9 gives one
+# its own state, bridge, subnet, namespaces and cgroups. Unset: the one default sandbox.
+INSTANCE = os.environ.get("PROVISION_SANDBOX_ID", "")
+if INSTANCE not in ("", *"123456789"):
+    sys.stderr.write(f"provision: error: PROVISION_SANDBOX_ID: {INSTANCE!r}; allowed: 1-9, or unset\n")
+    raise SystemExit(2)
+STATE = Path(
+    os.environ.get("PROVISION_SANDBOX_DIR", "/var/lib/dflash-provision/sandbox" + (f"-{INSTANCE}" if INSTANCE else ""))
+)
+BRIDGE = f"dfpbr{INSTANCE or 0}"
+SUBNET = f"10.231.{7 + int(INSTANCE or 0)}"
 GATEWAY = f"{SUBNET}.1"
 APT_PROXY_PORT = 3142
 SUITE = "bookworm"
@@ -32,7 +41,11 @@ class SandboxHost:
 
     @property
     def veth(self) -> str:
-        return f"dfpv{self.index}"
+        return f"dfp{INSTANCE}v{self.index}" if INSTANCE else f"dfpv{self.index}"
+
+    @property
+    def netns(self) -> str:
+        return f"sbx{INSTANCE}-{self.name}" if INSTANCE else self.name
 
     @property
     def dir(self) -> Path:
@@ -48,7 +61,7 @@ class SandboxHost:
 
     @property
     def cgroup(self) -> str:
-        return f"dflash-sandbox-{self.name}"
+        return f"dflash-sandbox-{INSTANCE}-{self.name}" if INSTANCE else f"dflash-sandbox-{self.name}"
 
 
 def base_dir() -> Path:

@@ -68,7 +68,7 @@ def boot(host: SandboxHost) -> int:
         [
             "systemd-nspawn", "--keep-unit", "--register=no", "--boot", "--quiet",
             f"--directory={host.root}", f"--machine={host.name}",
-            f"--network-namespace-path=/run/netns/{host.name}", "--console=passive",
+            f"--network-namespace-path=/run/netns/{host.netns}", "--console=passive",
         ],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
         preexec_fn=lambda: _enter_own_cgroup(dirs),

@@ -29,26 +29,26 @@ def remove_bridge() -> None:
 
 
 def ensure_netns(host: SandboxHost) -> None:
-    if not Path(f"/run/netns/{host.name}").exists():
-        sh("ip", "netns", "add", host.name)
-    if not _link_exists("eth0", host.name):
+    if not Path(f"/run/netns/{host.netns}").exists():
+        sh("ip", "netns", "add", host.netns)
+    if not _link_exists("eth0", host.netns):
         if _link_exists(host.veth):
             sh("ip", "link", "del", host.veth)
         sh("ip", "link", "add", host.veth, "type", "veth", "peer", "name", f"{host.veth}c")
         sh("ip", "link", "set", host.veth, "master", BRIDGE, "up")
-        sh("ip", "link", "set", f"{host.veth}c", "netns", host.name)
-        sh("ip", "-n", host.name, "link", "set", f"{host.veth}c", "name", "eth0")
-        sh("ip", "-n", host.name, "addr", "add", f"{host.address}/24", "dev", "eth0")
-    sh("ip", "-n", host.name, "link", "set", "eth0", "up")
-    sh("ip", "-n", host.name, "link", "set", "lo", "up")
-    if "default" not in sh("ip", "-n", host.name, "route", "show").stdout:
-        sh("ip", "-n", host.name, "route", "add", "default", "via", GATEWAY)
+        sh("ip", "link", "set", f"{host.veth}c", "netns", host.netns)
+        sh("ip", "-n", host.netns, "link", "set", f"{host.veth}c", "name", "eth0")
+        sh("ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+    sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
+    sh("ip", "-n", host.netns, "link", "set", "lo", "up")
+    if "default" not in sh("ip", "-n", host.netns, "route", "show").stdout:
+        sh("ip", "-n", host.netns, "route", "add", "default", "via", GATEWAY)
 
 
 def remove_netns(host: SandboxHost) -> None:
     # deleting the namespace destroys its veth end, and with it the peer on the bridge
-    if Path(f"/run/netns/{host.name}").exists():
-        sh("ip", "netns", "del", host.name)
+    if Path(f"/run/netns/{host.netns}").exists():
+        sh("ip", "netns", "del", host.netns)
     if _link_exists(host.veth):
         sh("ip", "link", "del", host.veth, check=False)  # may vanish on its own meanwhile
     if _link_exists(host.veth):
