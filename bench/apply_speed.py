@@ -6,7 +6,11 @@
                            caches (the wheels are downloaded and the FlashInfer modules built once per
                            run, for the whole fleet)
 
-Usage: .venv/bin/python bench/apply_speed.py [--repeat N] [--skip-warm]
+Usage: .venv/bin/python bench/apply_speed.py [--repeat N] [--skip-warm] [--noop-only]
+
+--noop-only measures the no-op re-apply alone, on the b300 sandbox host: it keeps one already up, applies
+once to settle it (a full apply on a fresh host) and leaves it up, so a before/after comparison of a role
+change can run on the same host (`provision sandbox down` when done).
 """
 
 from __future__ import annotations
@@ -54,15 +58,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-warm", action="store_true", help="the apt proxy's cache is warm already")
+    parser.add_argument("--noop-only", action="store_true", help="only the no-op re-apply; leaves the host up")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="bench-runs-"))
     inventory = "/var/lib/dflash-provision/sandbox/inventory"
 
-    if not args.skip_warm:
+    if args.noop_only:
+        timed(PROVISION, "sandbox", "up", "--hosts", "b300:1")  # keeps a running one
+        settle = timed(PROVISION, "apply", "--host", "b300-sbx", "--sandbox", "--state-dir", str(state))
+        print(f"settling apply {settle:.1f} s", flush=True)
+    elif not args.skip_warm:
         fresh("b300:1")
         apply_cold(state, "b300")  # warm the apt proxy's cache so both fleet runs see the same mirror
     fleet = {}
-    for count in (1, 3):
+    for count in () if args.noop_only else (1, 3):
         fresh(f"b300:{count}")
         fleet[count] = apply_cold(state, "b300")
         print(f"fleet of {count}: first apply {fleet[count]:.1f} s", flush=True)
@@ -73,14 +82,16 @@ def main() -> None:
         noop.append(timed(PROVISION, "apply", "--host", "b300-sbx", "--sandbox", "--state-dir", str(state)))
         plain.append(timed(*playbook, "playbooks/b300.yml"))
         floor.append(timed(*playbook, "bench/floor.yml"))
-    timed(PROVISION, "sandbox", "down")
+    if not args.noop_only:
+        timed(PROVISION, "sandbox", "down")
     n, p, f = statistics.median(noop), statistics.median(plain), statistics.median(floor)
     print(
         f"no-op re-apply (provision apply) {n:.2f} s vs floor {f:.2f} s (medians of {args.repeat}): ratio {n / f:.2f}"
     )
     print(f"no-op re-apply (ansible-playbook playbooks/b300.yml) {p:.2f} s vs floor {f:.2f} s: ratio {p / f:.2f}")
     print("  (aim <= 2; provision apply also validates the plans itself before it starts Ansible)")
-    print(f"fleet 3 vs 1: {fleet[3]:.1f} s vs {fleet[1]:.1f} s: ratio {fleet[3] / fleet[1]:.2f} (aim <= 1.4)")
+    if fleet:
+        print(f"fleet 3 vs 1: {fleet[3]:.1f} s vs {fleet[1]:.1f} s: ratio {fleet[3] / fleet[1]:.2f} (aim <= 1.4)")
 
 
 if __name__ == "__main__":

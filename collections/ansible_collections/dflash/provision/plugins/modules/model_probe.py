@@ -11,6 +11,7 @@ import stat
 import struct
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dflash.provision.plugins.module_utils.file_state import dir_state, file_state
 
 DOCUMENTATION = r"""
 module: model_probe
@@ -48,12 +49,14 @@ options:
     type: str
     default: .dflash-model-store.json
   files:
-    description: Other files whose SHA-1 to report (the role's drafter record), so an unchanged one is not rewritten.
+    description: >-
+      Other files whose SHA-1 and owner, group and mode to report (the role's drafter record), so a
+      settled one is not rewritten and a drifted one is.
     type: list
     elements: path
     default: []
   dirs:
-    description: Directories whose mode to report, so a settled one is not touched.
+    description: Directories whose owner, group and mode to report, so a settled one is not touched.
     type: list
     elements: path
     default: []
@@ -84,8 +87,12 @@ file_sha1:
   description: Path to SHA-1 of each of the files option's files; empty for a missing one.
   type: dict
   returned: always
-dir_mode:
-  description: Path to the mode (like 0755) of each of the dirs option's directories; empty for a missing one.
+file_state:
+  description: Path to "owner:group:mode" (like root:root:0644) of each given file; empty for a missing one.
+  type: dict
+  returned: always
+dir_state:
+  description: Path to "owner:group:mode" (like root:root:0755) of each given directory; empty for a missing one.
   type: dict
   returned: always
 python_exists:
@@ -324,10 +331,8 @@ def main():
         "changed": False,
         "models": models,
         "file_sha1": {path: module.sha1(path) or "" for path in module.params["files"]},
-        "dir_mode": {
-            path: f"{stat.S_IMODE(os.stat(path).st_mode):04o}" if os.path.isdir(path) else ""
-            for path in module.params["dirs"]
-        },
+        "file_state": {path: file_state(path) for path in module.params["files"]},
+        "dir_state": {path: dir_state(path) for path in module.params["dirs"]},
     }
     if module.params["python"]:
         result["python_exists"] = os.access(module.params["python"], os.X_OK)

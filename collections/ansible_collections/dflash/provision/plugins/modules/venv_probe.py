@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-import grp
 import os
 import platform
 import pwd
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dflash.provision.plugins.module_utils.file_state import dir_state, file_state, path_state
 
 DOCUMENTATION = r"""
 module: venv_probe
@@ -30,7 +30,9 @@ options:
     elements: str
     default: []
   files:
-    description: Files whose SHA-1 to report (the roles' helper scripts), so unchanged ones are not copied.
+    description: >-
+      Files whose SHA-1 and owner, group and mode to report (the roles' helper scripts, the unit, the
+      records), so settled ones are not copied and drifted ones are.
     type: list
     elements: path
     default: []
@@ -102,6 +104,10 @@ file_sha1:
   description: Path to SHA-1 of each given file; empty for a missing one.
   type: dict
   returned: always
+file_state:
+  description: Path to "owner:group:mode" (like root:root:0644) of each given file; empty for a missing one.
+  type: dict
+  returned: always
 user_entry:
   description: The account's "home:shell", empty when it does not exist (or none was asked for).
   type: str
@@ -123,18 +129,6 @@ key_env_in_sync:
   type: bool
   returned: always
 """
-
-
-def _dir_state(path):
-    return _path_state(path) if os.path.isdir(path) else ""
-
-
-def _path_state(path):
-    try:
-        info = os.stat(path)
-    except OSError:
-        return ""
-    return f"{pwd.getpwuid(info.st_uid).pw_name}:{grp.getgrgid(info.st_gid).gr_name}:{info.st_mode & 0o7777:04o}"
 
 
 def _user_entry(name):
@@ -211,9 +205,10 @@ def main():
         stamps=stamps,
         missing_packages=missing,
         file_sha1={path: module.sha1(path) or "" for path in module.params["files"]},
+        file_state={path: file_state(path) for path in module.params["files"]},
         user_entry=_user_entry(module.params["user"]),
-        dir_state={path: _dir_state(path) for path in module.params["dirs"]},
-        path_state={path: _path_state(path) for path in module.params["paths"]},
+        dir_state={path: dir_state(path) for path in module.params["dirs"]},
+        path_state={path: path_state(path) for path in module.params["paths"]},
         unit_state={name: _unit_state(module, name) for name in module.params["units"]},
         key_env_in_sync=_key_env_in_sync(module.params["key_env"]),
     )
