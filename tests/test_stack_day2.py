@@ -19,7 +19,7 @@ import pytest
 from provision.cli import main
 from provision.sandbox import layout
 from tests.test_sandbox import pytestmark  # noqa: F401 - the same requirements
-from tests.test_stack import on
+from tests.test_stack import on, recap
 
 PROVISION = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "provision")
 HOST = "b300-sbx"
@@ -49,6 +49,111 @@ def server_info(host: layout.SandboxHost) -> dict:
 def healthy(host: layout.SandboxHost) -> bool:
     code = on(host, "curl -s -o /dev/null -w %{http_code} http://127.0.0.1:30000/health_generate").stdout
     return code.decode() == "200"
+
+
+# Drift: what an operator's chmod, chown or edit does to the files apply manages, and that one apply
+# undoes all of it. It lives here, first of day 2, because the fixture above leaves both hosts applied
+# and settled with the inventory's config (test_stack.py applied them; a fresh full apply costs
+# minutes), and before the reconfigures below move the host off that config.
+LIBEXEC = "/opt/dflash-provision/libexec"
+MANAGED_FILES = {  # content broken too; "owner:group:mode" as apply leaves it
+    "/etc/systemd/system/sglang-dflash.service": "root:root:644",
+    "/etc/sglang-dflash/sglang-dflash.env": "root:root:644",
+    "/etc/sglang-dflash/sglang-dflash.build.json": "root:root:644",
+    "/etc/sglang-dflash/drafter.json": "root:root:644",
+    "/var/lib/dflash-provision/serving/current.json": "root:root:600",
+    f"{LIBEXEC}/sglang_standin.py": "root:root:644",
+    f"{LIBEXEC}/sglang_argcheck.py": "root:root:644",
+    f"{LIBEXEC}/triton_aot.py": "root:root:644",
+    f"{LIBEXEC}/flashinfer_build.py": "root:root:644",
+}
+SECRET_FILES = {  # owner and mode broken only: apply must fix them without reading the key
+    "/etc/sglang-dflash/secrets.env": "root:root:600",
+    "/etc/sglang-dflash/api_key": "root:root:600",
+}
+MANAGED_DIRS = {
+    "/etc/sglang-dflash": "root:root:755",
+    "/var/lib/dflash-provision/serving": "root:root:700",
+    "/var/cache/sglang-dflash/triton": "sglang:sglang:750",
+    "/var/cache/sglang-dflash/flashinfer": "sglang:sglang:750",
+    LIBEXEC: "root:root:755",
+}
+
+
+def snapshot(host: layout.SandboxHost) -> dict[str, str]:
+    """Path to "owner:group:mode" (and the content's SHA-256 for files) of every managed path."""
+    script = "".join(
+        f'echo "{p} $(stat -c %U:%G:%a {p}) $(sha256sum < {p} | cut -c1-64)";' for p in [*MANAGED_FILES, *SECRET_FILES]
+    ) + "".join(f'echo "{d} $(stat -c %U:%G:%a {d})";' for d in MANAGED_DIRS)
+    proc = on(host, script)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    return dict(line.split(" ", 1) for line in proc.stdout.decode().splitlines())
+
+
+def outcomes(out: str, task: str, host: str) -> list[str]:
+    """What `provision apply` printed for host under each run of the task named so ("ok", "skipped", ...)."""
+    found, inside = [], False
+    for line in out.splitlines():
+        if line.startswith("  TASK "):
+            inside = line == f"  TASK {task}"
+        elif inside and line.endswith(f": {host}"):
+            found.append(line.strip().split(":")[0])
+    return found
+
+
+def main_pid(host: layout.SandboxHost) -> str:
+    return on(host, "systemctl show -p MainPID --value sglang-dflash").stdout.decode().strip()
+
+
+def test_one_apply_undoes_drift_in_content_mode_and_owner_of_every_managed_path(host) -> None:
+    settled = snapshot(host)
+    for path, state in {**MANAGED_FILES, **SECRET_FILES, **MANAGED_DIRS}.items():
+        assert settled[path].split(" ")[0] == state, (path, settled[path])
+    key = on(host, "cat /etc/sglang-dflash/api_key").stdout.decode().strip()
+    pid = main_pid(host)
+    broken = on(
+        host,
+        "set -e;"
+        + "".join(f"printf '\\n# drift\\n' >> {p}; chmod 0666 {p}; chown nobody:nogroup {p};" for p in MANAGED_FILES)
+        + "".join(f"chmod 0644 {p}; chown nobody:nogroup {p};" for p in SECRET_FILES)
+        + "".join(f"chmod 0777 {d}; chown nobody:nogroup {d};" for d in MANAGED_DIRS),
+    )
+    assert broken.returncode == 0, broken.stderr
+    drifted = snapshot(host)
+    assert all(drifted[p] != settled[p] for p in settled), drifted
+
+    # a dry run sees it all and changes nothing
+    rc, out = provision("apply", "--host", "all", "--sandbox", "--check", timeout=900)
+    assert rc == 0, out[-3000:]
+    assert recap(out)["b300-sbx"][1] > 0 and recap(out)["rtx6000-sbx"][1] == 0, recap(out)
+    assert snapshot(host) == drifted
+
+    rc, out = provision("apply", "--host", "all", "--sandbox", timeout=900)
+    assert rc == 0, out[-3000:]
+    assert recap(out)["b300-sbx"][1] > 0 and recap(out)["rtx6000-sbx"][1] == 0, recap(out)
+    assert snapshot(host) == settled  # content, owner and mode of each, exactly as before the drift
+    assert key not in out
+    assert "WARNING: /etc/sglang-dflash/api_key was nobody:nogroup:0644 (owner:group:mode)" in out
+    # the unit's content changed: the service was restarted and is ready again, with the same key
+    assert main_pid(host) != pid and healthy(host)
+    assert on(host, "cat /etc/sglang-dflash/api_key").stdout.decode().strip() == key
+
+    # owner and mode alone: fixed in place, no restart, and the key is never read (the probe said
+    # secrets.env carries it already)
+    pid = main_pid(host)
+    on(host, "chmod 0640 /etc/sglang-dflash/secrets.env /etc/sglang-dflash/api_key; chown :sglang /etc/sglang-dflash/*")
+    rc, out = provision("apply", "--host", "all", "--sandbox", timeout=900)
+    assert rc == 0, out[-3000:]
+    assert recap(out)["b300-sbx"][1] > 0, recap(out)
+    assert snapshot(host) == settled
+    assert outcomes(out, "Read the API key", "b300-sbx") == ["skipped"]
+    assert outcomes(out, "Write the root-only environment file with the key", "b300-sbx") == ["skipped"]
+    assert outcomes(out, "Make the root-only environment file root-only again", "b300-sbx") != ["skipped"]
+    assert "Read the API key the probe needs" not in out and main_pid(host) == pid
+
+    rc, out = provision("apply", "--host", "all", "--sandbox", timeout=900)
+    assert rc == 0, out[-3000:]
+    assert all(changed == 0 for _, changed, _, _ in recap(out).values()), recap(out)
 
 
 def test_reconfigure_switches_and_the_new_args_show(host) -> None:
@@ -138,10 +243,10 @@ def test_a_sweep_killed_in_the_middle_resumes_without_losing_or_repeating_a_cell
     assert len(keys) == len(set(keys)), keys  # none repeated
     assert records[: len(before)] == before  # none lost or rewritten
     cells = {"c1-in60-out32", "c4-in256-out32", "coding"}
-    assert set(keys) == {(c, cell) for c in ("b8-t4-w2048-bs8", "b4-t4-w2048-bs6") for cell in cells}
+    assert set(keys) == {(c, cell) for c in ("bs8-w2048", "bs6-w2048") for cell in cells}
     assert "done before (resumed)" in log or keys[: len(before)] == [(r["config"], r["cell"]) for r in before]
     table = (out / "report.md").read_text()
-    assert "| config |" in table and "b4-t4-w2048-bs6" in table
+    assert "| config |" in table and "bs6-w2048" in table
     assert (out / "report.csv").exists() and (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     accepts = [
         r["accept_length"]
