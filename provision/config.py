@@ -397,8 +397,7 @@ class ServiceSpec(Section):
     # a unit name systemd accepts that is also a safe file and directory name (no "..", no leading dot)
     name: str = Field(default="sglang-dflash", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     user: str = Field(default="sglang", pattern=r"^[a-z_][a-z0-9_-]*$", max_length=32)
-    # its bin/ goes on PATH, which a ':' would split
-    venv: Annotated[AbsPath, Field(pattern=r"^[^:]*$")] = "/opt/sglang-dflash/venv"
+    venv: AbsPath = "/opt/sglang-dflash/venv"
     config_dir: AbsPath = "/etc/sglang-dflash"
     start_timeout_s: int = Field(default=1800, ge=5, le=86400, description="a 590B model loads for minutes")
     stop_timeout_s: int = Field(default=180, ge=5, le=86400, description="SIGTERM drains in-flight requests first")
@@ -419,6 +418,18 @@ class ServiceSpec(Section):
     limit_nofile: int = Field(
         default=65536, ge=1024, le=1048576, description="open files (SGLang raises its soft limit to it)"
     )
+
+    @field_validator("venv")
+    @classmethod
+    def _program_path(cls, value: str) -> str:
+        # its bin/ goes on PATH (split at ':'); its python is ExecStart='s program, which systemd refuses with
+        # quotes and takes both as a path (no $-expansion) and as argv[0] (with it)
+        bad = sorted(set(value) & set(":$\"'"))
+        if bad:
+            raise ValueError(
+                f"{' '.join(bad)} cannot be in the venv's path (PATH and ExecStart='s program), got {value!r}"
+            )
+        return value
 
 
 class MultiNode(Section):

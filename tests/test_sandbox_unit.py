@@ -26,7 +26,7 @@ HOSTILE = {
     "service.name": "dflash-rt",
     "model.served_name": 'kimi "k2" 50% $HOME ${SGLANG_DFLASH_API_KEY} \\ ; é漢 [/x]',
     "model.path": "/models/K2 %p $PATH",
-    "service.venv": "/opt/rt venv/%h $x é",
+    "service.venv": "/opt/rt venv/%h é",
     "service.standin_path": "/opt/rt libexec/dump 'q' %n.py",
     "service.config_dir": "/etc/rt conf %i",
     "triton.cache_dir": "/var/cache/rt triton/$HOME %t",
