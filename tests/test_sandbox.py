@@ -1,7 +1,8 @@
 """`provision sandbox`: real Debian hosts with systemd on this machine, in network namespaces of their own.
 
 Needs root, debootstrap, systemd-nspawn and apt-cacher-ng (.ci/setup installs them). The first run
-builds the Debian base tree (about a minute); later runs reuse it.
+builds the Debian base tree (about a minute); later runs reuse it. Each test brings the hosts up if an earlier
+one took them down (about a second once the base exists).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.sandbox import layout, machines
+from provision.sandbox import layout, lock, machines, teardown
 
 PROVISION = str(Path(sys.executable).parent / "provision")
 
@@ -24,12 +25,65 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def sandbox() -> list[layout.SandboxHost]:
     from provision.cli import main
 
     assert main(["sandbox", "up", "--hosts", "rtx6000,b300"]) == 0
     return layout.load_hosts()
+
+
+def nspawn_pids(host: layout.SandboxHost) -> list[int]:
+    """Read straight from /proc, not through the code under test: nspawn processes booted on the host's root."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = proc.joinpath("cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"systemd-nspawn") and f"--directory={host.root}".encode() in argv:
+            found.append(int(proc.name))
+    return sorted(found)
+
+
+def processes_naming(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in argv and int(proc.name) != os.getpid():
+            found.append(f"{proc.name}: {argv}")
+    return found
+
+
+def dead_pid() -> int:
+    proc = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    return int(proc.stdout)
+
+
+def assert_consistent_up(hosts: list[layout.SandboxHost]) -> None:
+    """Exactly one container per registered host, and its pid file names it."""
+    assert [h.name for h in layout.load_hosts()] == [h.name for h in hosts]
+    for host in hosts:
+        pids = nspawn_pids(host)
+        assert len(pids) == 1, (host.name, pids)
+        assert host.pid_file.read_text().strip() == str(pids[0])
+
+
+def assert_nothing_left(hosts: list[layout.SandboxHost]) -> None:
+    for what in (layout.STATE / "hosts", layout.STATE / "apt-proxy" / "conf", layout.STATE / "ssh" / "cm-"):
+        assert not processes_naming(str(what))
+    assert str(layout.STATE / "hosts") not in Path("/proc/self/mounts").read_text()
+    assert not any(Path(f"/run/netns/{h.netns}").exists() for h in hosts)
+    for link in [layout.BRIDGE, *(h.veth for h in hosts)]:
+        assert subprocess.run(["ip", "link", "show", link], capture_output=True).returncode != 0, link
+    assert not [p for h in hosts for p in Path("/sys/fs/cgroup").glob(f"*/{h.cgroup}")]
+    assert not list((layout.STATE / "ssh").glob("cm-*"))
+    assert not (layout.STATE / "hosts").exists() or not list((layout.STATE / "hosts").iterdir())
+    assert layout.load_hosts() == []
+    assert teardown.leftovers() == []
 
 
 def test_hosts_boot_systemd_and_answer_ssh(sandbox, run) -> None:
@@ -91,6 +145,94 @@ def test_bad_host_types_are_refused(run) -> None:
     assert rc == 2 and "(1-8)" in err
 
 
+def test_a_pid_file_naming_another_process_is_repaired(sandbox, run) -> None:
+    real = {h.name: nspawn_pids(h) for h in sandbox}
+    first, second = sandbox
+    first.pid_file.write_text(f"{os.getpid()}\n")  # alive, but not a container
+    second.pid_file.write_text(f"{dead_pid()}\n")
+    rc, out, err = run("sandbox", "status")
+    assert rc == 0 and out.count(": running") == 2
+    assert "now names the running one" in err
+    assert_consistent_up(sandbox)
+    # `up` repairs too, and boots no second container beside the one it adopts
+    first.pid_file.write_text(f"{dead_pid()}\n")
+    rc, _, err = run("sandbox", "up")
+    assert rc == 0, err
+    assert_consistent_up(sandbox)
+    assert {h.name: nspawn_pids(h) for h in sandbox} == real
+
+
+def test_down_finds_containers_whatever_their_pid_files_say(sandbox, run) -> None:
+    pids = [pid for h in sandbox for pid in nspawn_pids(h)]
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        sandbox[0].pid_file.unlink()
+        sandbox[1].pid_file.write_text(f"{bystander.pid}\n")
+        rc, _, err = run("sandbox", "down")
+        assert rc == 0, err
+        assert bystander.poll() is None  # the wrong pid was not signalled
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert not any(Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pids)
+    assert_nothing_left(sandbox)
+
+
+def test_down_empties_a_busy_cgroup(sandbox) -> None:
+    host = sandbox[0]
+    # ignores SIGTERM (the disposition survives exec), so only the SIGKILL after the grace time ends it
+    squatter = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 300"], start_new_session=True)
+    try:
+        moved = 0
+        for procs in Path("/sys/fs/cgroup").glob(f"*/{host.cgroup}/cgroup.procs"):
+            procs.write_text(str(squatter.pid))
+            moved += 1
+        assert moved
+        # another process, so that it does not reap our child and hide how it ended
+        down = subprocess.run([PROVISION, "sandbox", "down"], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert f"ending processes [{squatter.pid}]" in down.stderr
+        assert squatter.wait(timeout=10) == -9
+    finally:
+        squatter.kill()
+        squatter.wait()
+    assert_nothing_left(sandbox)
+
+
+def test_concurrent_up_and_down_leave_a_consistent_state(sandbox, run) -> None:
+    def together(*verbs: str) -> list[subprocess.CompletedProcess[str]]:
+        procs = [
+            subprocess.Popen([PROVISION, "sandbox", verb], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for verb in verbs
+        ]
+        outputs = [p.communicate(timeout=300) for p in procs]
+        return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outputs, strict=True)]
+
+    assert run("sandbox", "down")[0] == 0
+    # two `up`s from nothing: one boots each host, the other waits and then finds them running
+    for result in together("up", "up"):  # the default --hosts: the fixture's two
+        assert result.returncode == 0, result.stderr
+    assert_consistent_up(sandbox)
+    # `up` and `down` at once: whichever ran second decides, and its state is whole
+    for result in together("up", "down"):
+        assert result.returncode == 0, result.stderr
+    if layout.load_hosts():
+        assert_consistent_up(sandbox)
+    else:
+        assert_nothing_left(sandbox)
+    assert run("sandbox", "down")[0] == 0
+    assert_nothing_left(sandbox)
+
+
+def test_a_stuck_holder_is_named_when_the_wait_gives_up(monkeypatch, run) -> None:
+    monkeypatch.setattr(lock, "WAIT_S", 0.5)
+    with lock.exclusive("up"):
+        rc, _, err = run("sandbox", "down")
+    assert rc == 1
+    assert f"`provision sandbox up` (pid {os.getpid()}) has held {layout.lock_file()} for more than 0 s" in err
+    assert "gave up waiting" in err
+
+
 def test_down_leaves_nothing_behind(sandbox, run) -> None:
     pids = [machines.running(h) for h in sandbox]
     rc, _, _ = run("sandbox", "down")
@@ -100,12 +242,7 @@ def test_down_leaves_nothing_behind(sandbox, run) -> None:
         assert (
             pid is None or not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
         )
-    mounts = Path("/proc/self/mounts").read_text()
-    assert str(layout.STATE / "hosts") not in mounts
-    assert not any(Path(f"/run/netns/{h.netns}").exists() for h in sandbox)
-    assert subprocess.run(["ip", "link", "show", layout.BRIDGE], capture_output=True).returncode != 0
-    assert not [p for h in sandbox for p in Path("/sys/fs/cgroup").glob(f"*/{h.cgroup}")]
     # no ssh master outlives its host (a new host at the same address would inherit a dead one)
-    assert not list((layout.STATE / "ssh").glob("cm-*"))
+    assert_nothing_left(sandbox)
     rc, _, err = run("plan", "--host", "b300", "--sandbox")
     assert rc == 2 and "no sandbox is up" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,14 @@ SUITE = "bookworm"
 # What every test host has from the start: what ansible (python3-apt: apt in check mode), ssh and
 # systemd units need.
 BASE_PACKAGES = "openssh-server,python3,python3-apt,systemd,systemd-sysv,sudo,curl,iproute2,dbus,ca-certificates"
+HOST_TYPES = ("rtx6000", "b300")
+
+# This sandbox's names where all sandboxes share one namespace (netns, cgroups, links), as exact patterns: a
+# cleanup that lists them never takes another sandbox's (the default's names have no instance part).
+_HOST_NAME = rf"(?:{'|'.join(HOST_TYPES)})-sbx\d*"
+NETNS_NAME = re.compile(rf"sbx{INSTANCE}-{_HOST_NAME}" if INSTANCE else _HOST_NAME)
+CGROUP_NAME = re.compile(rf"dflash-sandbox-{INSTANCE}-{_HOST_NAME}" if INSTANCE else rf"dflash-sandbox-{_HOST_NAME}")
+VETH_NAME = re.compile(rf"dfp{INSTANCE}v\d+")
 
 
 @dataclass(frozen=True)
@@ -49,7 +58,7 @@ class SandboxHost:
 
     @property
     def dir(self) -> Path:
-        return STATE / "hosts" / self.name
+        return hosts_dir() / self.name
 
     @property
     def root(self) -> Path:
@@ -62,6 +71,14 @@ class SandboxHost:
     @property
     def cgroup(self) -> str:
         return f"dflash-sandbox-{INSTANCE}-{self.name}" if INSTANCE else f"dflash-sandbox-{self.name}"
+
+
+def hosts_dir() -> Path:
+    return STATE / "hosts"
+
+
+def lock_file() -> Path:
+    return STATE / "lock"
 
 
 def base_dir() -> Path:

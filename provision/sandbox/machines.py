@@ -2,24 +2,80 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from provision.errors import SandboxError
-from provision.sandbox.layout import STATE, SandboxHost, base_dir, control_path, key_file, known_hosts
-from provision.sandbox.system import mounted, pid_alive, sh, terminate, wait_port
+from provision.files import write_atomic
+from provision.sandbox.layout import (
+    CGROUP_NAME,
+    STATE,
+    SandboxHost,
+    base_dir,
+    control_path,
+    hosts_dir,
+    key_file,
+    known_hosts,
+)
+from provision.sandbox.system import cmdline, end_processes, mounted, processes, sh, wait_port, warn
 
 CGROUP_ROOTS = [Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")]
 
 
-def running(host: SandboxHost) -> int | None:
-    """The nspawn pid when the host runs."""
-    if host.pid_file.exists():
-        pid = int(host.pid_file.read_text())
-        if pid_alive(pid):
-            return pid
+def _nspawn_root(argv: list[str]) -> Path | None:
+    if argv and Path(argv[0]).name == "systemd-nspawn":
+        for arg in argv:
+            if arg.startswith("--directory="):
+                return Path(arg.partition("=")[2])
     return None
+
+
+def containers() -> dict[int, Path]:
+    """Every container of this sandbox, found in /proc whatever the pid files say: nspawn pid -> its root.
+    nspawn forks while it starts and the forks share its argv; only the one whose parent is not one of them
+    counts."""
+    table = processes()
+    ours = {
+        pid: root
+        for pid, (_, argv) in table.items()
+        if (root := _nspawn_root(argv)) and root.parent.parent == hosts_dir()
+    }
+    return {pid: root for pid, root in ours.items() if table[pid][0] not in ours}
+
+
+def _is_nspawn_of(pid: int, host: SandboxHost) -> bool:
+    argv = cmdline(pid)
+    return _nspawn_root(argv) == host.root and f"--machine={host.name}" in argv
+
+
+def _recorded_pid(host: SandboxHost) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(host.pid_file.read_text())
+    return None
+
+
+def running(host: SandboxHost) -> int | None:
+    """The nspawn pid when the host runs. The pid file is only trusted when its pid is this host's nspawn (not a
+    recycled pid, a file left by a crash, or one a racing process overwrote); otherwise it is repaired: the
+    container that runs on the host's root is adopted, or the stale file removed."""
+    recorded = _recorded_pid(host)
+    if recorded is not None and _is_nspawn_of(recorded, host):
+        return recorded
+    found = sorted(pid for pid, root in containers().items() if root == host.root)
+    said = f"named {recorded}" if recorded is not None else "was missing or unreadable"
+    # best effort: a repair that fails (the host's directory going away under a racing `down`) changes no answer
+    with contextlib.suppress(OSError):
+        if found:
+            write_atomic(host.pid_file, f"{found[0]}\n", mode=0o644)
+            warn(f"{host.name}: its pid file {said}, not its container; now names the running one ({found[0]})")
+        elif host.pid_file.exists():
+            host.pid_file.unlink()
+            warn(f"{host.name}: removed a stale pid file (it {said}; the host does not run)")
+    return found[0] if found else None
 
 
 def ensure_key() -> None:
@@ -73,8 +129,11 @@ def boot(host: SandboxHost) -> int:
         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
         preexec_fn=lambda: _enter_own_cgroup(dirs),
     )  # fmt: skip
-    host.pid_file.write_text(str(proc.pid))
-    wait_port(host.address, 22, 60)
+    write_atomic(host.pid_file, f"{proc.pid}\n", mode=0o644)
+    try:
+        wait_port(host.address, 22, 60, alive=lambda: proc.poll() is None)
+    except SandboxError as err:
+        raise SandboxError(f"{host.name}: {err}; see {host.dir / 'console.log'}") from None
     _trust_host_key(host)
     return proc.pid
 
@@ -90,28 +149,64 @@ def _known_lines() -> list[str]:
     return known_hosts().read_text().splitlines() if known_hosts().exists() else []
 
 
-def stop(host: SandboxHost) -> None:
-    pid = running(host)
-    # end Ansible's ssh master to this address; it would outlive the host
-    sh("ssh", "-o", f"ControlPath={control_path()}", "-O", "exit", f"root@{host.address}", check=False)
-    if pid:
-        terminate(pid, grace_s=20)  # SIGTERM: nspawn shuts the container's systemd down cleanly
-    if mounted(str(host.root)):
-        sh("umount", str(host.root))
-    for directory in _cgroup_dirs(host):
-        if directory.exists():
-            for child in sorted(directory.rglob("*"), reverse=True):
-                if child.is_dir():
-                    child.rmdir()
-            directory.rmdir()
-    host.pid_file.unlink(missing_ok=True)
-    _forget_host_key(host)
+def close_ssh_master(host: SandboxHost) -> None:
+    """End Ansible's ssh master to this address; it would outlive the host."""
+    sh("ssh", "-o", f"ControlPath={control_path()}", "-O", "exit", f"root@{host.address}", check=False, timeout=10)
 
 
-def _forget_host_key(host: SandboxHost) -> None:
-    if known_hosts().exists():
-        lines = [line for line in _known_lines() if not line.startswith(host.address + " ")]
-        known_hosts().write_text("\n".join(lines) + ("\n" if lines else ""))
+def ssh_masters() -> list[int]:
+    """ssh masters on this sandbox's control sockets (ssh titles a master `ssh: <socket> [mux]`), whatever
+    address they serve."""
+    prefix = f"ssh: {STATE / 'ssh' / 'cm-'}"
+    return sorted(pid for pid, (_, argv) in processes().items() if argv[0].startswith(prefix))
+
+
+def stop_containers(pids: list[int]) -> None:
+    """SIGTERM first: nspawn shuts the container's systemd down cleanly (under 2 s here)."""
+    if left := end_processes(pids, grace_s=20):
+        raise SandboxError(f"nspawn pids {left} survived SIGKILL")
+
+
+def cgroup_dirs() -> list[Path]:
+    """This sandbox's cgroup directories, one per host and hierarchy, by exact name (others' never match)."""
+    return sorted(
+        directory
+        for root in CGROUP_ROOTS
+        if root.is_dir()
+        for directory in root.iterdir()
+        if CGROUP_NAME.fullmatch(directory.name) and directory.is_dir()
+    )
+
+
+def cgroup_pids(directory: Path) -> list[int]:
+    """Every process in the cgroup or below it."""
+    pids: set[int] = set()
+    for procs in directory.rglob("cgroup.procs"):
+        with contextlib.suppress(OSError):
+            pids.update(int(pid) for pid in procs.read_text().split())
+    return sorted(pids)
+
+
+def remove_cgroup(directory: Path, deadline_s: float = 15) -> None:
+    """Kill what is still in it (container stragglers, anything moved in), then remove it bottom-up. rmdir
+    answers EBUSY while a process is in it, and for a moment after the last one died, so it is retried."""
+    end = time.monotonic() + deadline_s
+    while True:
+        if pids := cgroup_pids(directory):
+            warn(f"ending processes {pids}, left in {directory} after its container stopped")
+            end_processes(pids, grace_s=2)
+        try:
+            for sub in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                if sub.is_dir():
+                    with contextlib.suppress(FileNotFoundError):
+                        sub.rmdir()
+            with contextlib.suppress(FileNotFoundError):
+                directory.rmdir()
+            return
+        except OSError as err:
+            if err.errno != errno.EBUSY or time.monotonic() > end:
+                raise SandboxError(f"{directory} stays busy (pids {cgroup_pids(directory)})") from None
+        time.sleep(0.1)
 
 
 def ssh_command(host: SandboxHost) -> list[str]:

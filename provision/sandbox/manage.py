@@ -11,9 +11,10 @@ import yaml
 
 from provision.errors import InputError
 from provision.files import write_atomic
-from provision.sandbox import machines, network
+from provision.sandbox import machines, network, teardown
 from provision.sandbox.base import ensure_base
 from provision.sandbox.layout import (
+    HOST_TYPES,
     STATE,
     SandboxHost,
     control_path,
@@ -23,9 +24,9 @@ from provision.sandbox.layout import (
     load_hosts,
     save_hosts,
 )
+from provision.sandbox.lock import exclusive
 
 REPO_INVENTORY = Path(__file__).resolve().parent.parent.parent / "inventory"
-HOST_TYPES = ("rtx6000", "b300")
 SSH_OPTIONS = "-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes -o ControlPath={control_path}"
 
 
@@ -45,38 +46,34 @@ def parse_types(text: str) -> dict[str, int]:
 def up(wanted: dict[str, int]) -> list[SandboxHost]:
     """Bring up the wanted hosts per type; hosts already running are kept as they are."""
     machines.require_state_dir()
-    hosts = load_hosts()
-    if not any(machines.running(h) for h in hosts):  # never swap the lower layer under a running host
-        ensure_base()
-    for host_type, count in wanted.items():
-        for number in range(1, count + 1):
-            name = f"{host_type}-sbx" + (str(number) if number > 1 else "")
-            if all(h.name != name for h in hosts):
-                used = {h.index for h in hosts}
-                index = next(i for i in range(1, 200) if i not in used)
-                hosts.append(SandboxHost(name=name, type=host_type, index=index))
-    save_hosts(hosts)
-    machines.ensure_key()
-    network.ensure_bridge()
-    network.ensure_apt_proxy()
-    for host in hosts:
-        network.ensure_netns(host)
-        machines.boot(host)
-    write_inventory(hosts)
-    return hosts
+    with exclusive("up"):
+        hosts = load_hosts()
+        if not machines.containers():  # never swap the lower layer under a running host
+            ensure_base()
+        for host_type, count in wanted.items():
+            for number in range(1, count + 1):
+                name = f"{host_type}-sbx" + (str(number) if number > 1 else "")
+                if all(h.name != name for h in hosts):
+                    used = {h.index for h in hosts}
+                    index = next(i for i in range(1, 200) if i not in used)
+                    hosts.append(SandboxHost(name=name, type=host_type, index=index))
+        save_hosts(hosts)
+        machines.ensure_key()
+        network.ensure_bridge()
+        network.ensure_apt_proxy()
+        for host in hosts:
+            network.ensure_netns(host)
+            machines.boot(host)
+        write_inventory(hosts)
+        return hosts
 
 
 def down() -> None:
-    """Stop every host and remove what the sandbox made: processes, mounts, namespaces, cgroups, bridge."""
+    """Stop every host and remove what the sandbox made: processes, mounts, namespaces, veths, cgroups, bridge,
+    apt proxy. Tries every step; raises (one SandboxError) only when something remains, naming it."""
     machines.require_state_dir()
-    for host in load_hosts():
-        machines.stop(host)
-        network.remove_netns(host)
-        subprocess.run(["rm", "-rf", str(host.dir)], check=True)
-    network.stop_apt_proxy()
-    network.remove_bridge()
-    save_hosts([])
-    subprocess.run(["rm", "-rf", str(inventory_dir())], check=True)
+    with exclusive("down"):
+        teardown.down(load_hosts())
 
 
 def status() -> list[tuple[SandboxHost, str]]:

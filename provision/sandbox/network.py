@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 from provision.errors import SandboxError
-from provision.sandbox.layout import APT_PROXY_PORT, BRIDGE, GATEWAY, STATE, SandboxHost
-from provision.sandbox.system import pid_alive, sh, terminate, wait_port
+from provision.sandbox.layout import APT_PROXY_PORT, BRIDGE, GATEWAY, NETNS_NAME, STATE, VETH_NAME, SandboxHost
+from provision.sandbox.system import end_processes, processes, sh, wait_port
+
+NETNS_DIR = Path("/run/netns")
 
 
 def _link_exists(name: str, netns: str | None = None) -> bool:
@@ -21,6 +24,10 @@ def ensure_bridge() -> None:
     if GATEWAY not in sh("ip", "-4", "addr", "show", "dev", BRIDGE).stdout:
         sh("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
     sh("ip", "link", "set", BRIDGE, "up")
+
+
+def bridge_exists() -> bool:
+    return _link_exists(BRIDGE)
 
 
 def remove_bridge() -> None:
@@ -45,26 +52,48 @@ def ensure_netns(host: SandboxHost) -> None:
         sh("ip", "-n", host.netns, "route", "add", "default", "via", GATEWAY)
 
 
-def remove_netns(host: SandboxHost) -> None:
+def netns_names() -> list[str]:
+    """This sandbox's network namespaces, registered or not, by exact name (others' never match)."""
+    return sorted(n for n in os.listdir(NETNS_DIR) if NETNS_NAME.fullmatch(n)) if NETNS_DIR.is_dir() else []
+
+
+def remove_netns(name: str) -> None:
     # deleting the namespace destroys its veth end, and with it the peer on the bridge
-    if Path(f"/run/netns/{host.netns}").exists():
-        sh("ip", "netns", "del", host.netns)
-    if _link_exists(host.veth):
-        sh("ip", "link", "del", host.veth, check=False)  # may vanish on its own meanwhile
-    if _link_exists(host.veth):
-        raise SandboxError(f"{host.veth} is still on the bridge after its namespace was removed")
+    sh("ip", "netns", "del", name)
+
+
+def veths() -> list[str]:
+    """This sandbox's host-side veth ends, by exact name."""
+    names = (
+        line.split(":")[1].strip().partition("@")[0] for line in sh("ip", "-o", "link", "show").stdout.splitlines()
+    )
+    return sorted(n for n in names if VETH_NAME.fullmatch(n))
+
+
+def remove_veths() -> None:
+    for name in veths():
+        sh("ip", "link", "del", name, check=False)  # may vanish on its own meanwhile, with its namespace
+    if left := veths():
+        raise SandboxError(f"{', '.join(left)} still on the bridge")
 
 
 def _proxy_dir() -> Path:
     return STATE / "apt-proxy"
 
 
+def proxy_pids() -> list[int]:
+    """The apt-cacher-ng processes running on this sandbox's config, found in /proc (no pid file to go stale)."""
+    conf = str(_proxy_dir() / "conf")
+    return sorted(
+        pid for pid, (_, argv) in processes().items() if Path(argv[0]).name == "apt-cacher-ng" and conf in argv
+    )
+
+
 def ensure_apt_proxy() -> None:
     """apt-cacher-ng in the foreground on the bridge address, with no Remap rules (they answer 503)."""
-    conf = _proxy_dir() / "conf"
-    pid_file = _proxy_dir() / "pid"
-    if pid_file.exists() and pid_alive(int(pid_file.read_text())):
+    if proxy_pids():
         return
+    conf = _proxy_dir() / "conf"
     for sub in ("conf", "cache", "log"):
         (_proxy_dir() / sub).mkdir(parents=True, exist_ok=True)
     (conf / "acng.conf").write_text(
@@ -76,13 +105,9 @@ def ensure_apt_proxy() -> None:
     proc = subprocess.Popen(
         ["apt-cacher-ng", "-c", str(conf)], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
     )
-    pid_file.write_text(str(proc.pid))
-    wait_port(GATEWAY, APT_PROXY_PORT, 15)
+    wait_port(GATEWAY, APT_PROXY_PORT, 15, alive=lambda: proc.poll() is None)
 
 
 def stop_apt_proxy() -> None:
-    pid_file = _proxy_dir() / "pid"
-    if not pid_file.exists():
-        return
-    terminate(int(pid_file.read_text()), grace_s=5)
-    pid_file.unlink()
+    if left := end_processes(proxy_pids(), grace_s=5):
+        raise SandboxError(f"apt-cacher-ng pids {left} survived SIGKILL")
