@@ -205,7 +205,7 @@ def remove_cgroup(directory: Path, deadline_s: float = 15) -> None:
             return
         except OSError as err:
             if err.errno != errno.EBUSY or time.monotonic() > end:
-                raise SandboxError(f"{directory} stays busy (pids {cgroup_pids(directory)})") from None
+                raise SandboxError(f"stays busy (pids {cgroup_pids(directory)})") from None
         time.sleep(0.1)
 
 
