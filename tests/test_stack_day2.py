@@ -138,10 +138,11 @@ def test_one_apply_undoes_drift_in_content_mode_and_owner_of_every_managed_path(
     assert main_pid(host) != pid and healthy(host)
     assert on(host, "cat /etc/sglang-dflash/api_key").stdout.decode().strip() == key
 
-    # owner and mode alone: fixed in place, no restart, and the key is never read (the probe said
-    # secrets.env carries it already)
+    # owner and mode alone (content intact): fixed in place, no restart, and the key is never read
+    # (the probe said secrets.env carries it already)
     pid = main_pid(host)
-    on(host, "chmod 0640 /etc/sglang-dflash/secrets.env /etc/sglang-dflash/api_key; chown :sglang /etc/sglang-dflash/*")
+    paths = " ".join([*MANAGED_FILES, *SECRET_FILES])
+    assert on(host, f"chmod 0640 {paths} && chown :sglang {paths}").returncode == 0
     rc, out = provision("apply", "--host", "all", "--sandbox", timeout=900)
     assert rc == 0, out[-3000:]
     assert recap(out)["b300-sbx"][1] > 0, recap(out)
