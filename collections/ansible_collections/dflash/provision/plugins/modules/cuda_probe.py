@@ -29,6 +29,17 @@ options:
     description: File holding what a pip-built prefix was built from.
     type: path
     required: false
+  repo_packages:
+    description:
+      - Packages from NVIDIA's repository (the keyring, the toolkit); which are missing, and which of the
+        missing ones apt has no candidate for (its lists predate the source).
+    type: list
+    elements: str
+    default: []
+  source:
+    description: An apt deb822 source file whose URIs to report.
+    type: path
+    required: false
 author: dflash-provision developers
 """
 
@@ -38,6 +49,8 @@ EXAMPLES = r"""
     packages: [g++]
     home: /usr/local/cuda-13.0
     marker: /opt/dflash-provision/toolkits/cuda-13.0/.dflash-requirements
+    repo_packages: [cuda-keyring, cuda-toolkit-13-0]
+    source: /etc/apt/sources.list.d/cuda.sources
 """
 
 RETURN = r"""
@@ -51,6 +64,18 @@ driver_missing_reason:
   returned: always
 missing_packages:
   description: The given packages that are not installed.
+  type: list
+  returned: always
+repo_packages_missing:
+  description: The given repo_packages that are not installed.
+  type: list
+  returned: always
+repo_packages_unknown:
+  description: The missing repo_packages apt has no candidate for.
+  type: list
+  returned: always
+source_uris:
+  description: The URIs of the source file, empty when it is absent.
   type: list
   returned: always
 built_from:
@@ -87,12 +112,25 @@ def _run(module, args):
         return 127, "", "not found"
 
 
+def _installed(module, name):
+    rc, out, _ = _run(module, ["dpkg-query", "-W", "-f=${Status}", name])
+    return rc == 0 and "install ok installed" in out
+
+
+def _has_candidate(module, name):
+    rc, out, _ = _run(module, ["apt-cache", "policy", name])
+    found = re.search(r"^\s*Candidate: (.*)$", out, re.M) if rc == 0 else None
+    return bool(found) and found.group(1).strip() != "(none)"
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
             "packages": {"type": "list", "elements": "str", "default": []},
             "home": {"type": "path", "required": True},
             "marker": {"type": "path", "required": False},
+            "repo_packages": {"type": "list", "elements": "str", "default": []},
+            "source": {"type": "path", "required": False},
         },
         supports_check_mode=True,
     )
@@ -108,12 +146,20 @@ def main():
         reason = "" if versions else f"nvidia-smi failed: {(err or out).strip()[:200]}"
         result.update(driver_versions=versions, driver_missing_reason=reason)
 
-    missing = []
-    for name in module.params["packages"]:
-        rc, out, _ = _run(module, ["dpkg-query", "-W", "-f=${Status}", name])
-        if rc != 0 or "install ok installed" not in out:
-            missing.append(name)
-    result["missing_packages"] = missing
+    result["missing_packages"] = [name for name in module.params["packages"] if not _installed(module, name)]
+    repo_missing = [name for name in module.params["repo_packages"] if not _installed(module, name)]
+    result["repo_packages_missing"] = repo_missing
+    # apt-get update is needed only for what apt's lists do not know yet
+    result["repo_packages_unknown"] = [name for name in repo_missing if not _has_candidate(module, name)]
+
+    uris = []
+    source = module.params["source"]
+    if source and os.path.isfile(source):
+        with open(source) as handle:
+            for line in handle:
+                if line.lower().startswith("uris:"):
+                    uris.extend(line.split(":", 1)[1].split())
+    result["source_uris"] = uris
 
     built_from = ""
     if marker and os.path.isfile(marker):
