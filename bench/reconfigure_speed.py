@@ -22,8 +22,8 @@ import time
 from rich.console import Console
 
 from provision.cli import main as cli
-from provision.inventory import Inventory
-from provision.reconfigure import check_with_parser, plan_new, switch
+from provision.inventory.reader import Inventory
+from provision.remote.reconfigure import check_with_parser, plan_new, switch
 from provision.sandbox import manage
 
 HOST = "b300-sbx"

@@ -82,7 +82,7 @@ INJECTION = [
     (["model.path=/models/k2 "], ["model.path", "white space"]),
     (["service.venv=/opt/a:b"], ["service.venv", ": cannot be in the venv's path"]),
     (["service.venv=/opt/$HOME/venv"], ["service.venv", "$ cannot be in the venv's path"]),
-    (["service.venv=/opt/\"v\""], ["service.venv", "\" cannot be in the venv's path"]),
+    (['service.venv=/opt/"v"'], ["service.venv", "\" cannot be in the venv's path"]),
     (['serve.extra_args=["--api-key", "sk-123"]'], ["serve.extra_args", "--api-key", "serve.api_key_file"]),
     (['serve.extra_args=["--api-key=sk-123"]'], ["serve.extra_args", "serve.api_key_file"]),
     (["serve.env.SGLANG_DFLASH_API_KEY=sk-123"], ["serve.env", "looks like a secret", "serve.api_key_file"]),

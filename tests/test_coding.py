@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.coding import Problem, extract_code, grade, load_problems, prompt_for, run_check
 from provision.errors import InputError
+from provision.sweep.coding import Problem, extract_code, grade, load_problems, prompt_for, run_check
 
 PROBLEMS = {p.entry_point: p for p in load_problems()}
 RLE = PROBLEMS["run_length_encode"]

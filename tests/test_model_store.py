@@ -1,7 +1,8 @@
 """The model_store role on this machine (ansible_connection=local), with the tiny fixture models.
 
-No network: the copy source is tests/data/models, and the Hugging Face download runs against a fake
-huggingface_hub (the real API's names) that copies the fixtures and records the token it was given.
+No network: the copy source is the sandbox's tiny models (provision/sandbox/models), and the Hugging Face
+download runs against a fake huggingface_hub (the real API's names) that copies the fixtures and records the
+token it was given.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provision import paths
 from tests.conftest import ROOT
 
 BIN = Path(sys.executable).parent
-MODELS = Path(__file__).resolve().parent / "data" / "models"
+MODELS = paths.sandbox_models()
 RECAP = re.compile(r"^localhost\s*: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 TOKEN = "hf_FAKEtokenFAKEtokenFAKEtoken1234"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.render import API_KEY_REF
+from provision.planning.render import API_KEY_REF
 from tests.conftest import ROOT
 
 
@@ -173,7 +173,7 @@ def _leaf_keys(model: type, prefix: str = "") -> list[str]:
 
 
 def test_readme_documents_every_config_key() -> None:
-    from provision.config import Deployment
+    from provision.model.deployment import Deployment
 
     readme = (ROOT / "README.md").read_text()
     missing = [key for key in _leaf_keys(Deployment) if f"`{key}`" not in readme]
@@ -181,7 +181,7 @@ def test_readme_documents_every_config_key() -> None:
 
 
 def test_discover_reads_the_interconnect_from_nvidia_smi_topo() -> None:
-    from provision.discover import interconnect
+    from provision.remote.discover import interconnect
 
     h200 = (ROOT / "docs" / "h200" / "topo.txt").read_text()  # a real one-GPU machine
     nvlink = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV18\t0-63\nGPU1\tNV18\t X \t0-63\n"
@@ -194,7 +194,7 @@ def test_discover_reads_the_interconnect_from_nvidia_smi_topo() -> None:
 def test_a_value_that_reads_like_the_key_reference_is_only_text(plan_json) -> None:
     plan = plan_json("--host", "rtx6000", "--set", "model.served_name=${SGLANG_DFLASH_API_KEY}")
     exec_start = next(line for line in plan["unit"].splitlines() if line.startswith("ExecStart="))
-    assert "--served-model-name \"$${SGLANG_DFLASH_API_KEY}\"" in exec_start
+    assert '--served-model-name "$${SGLANG_DFLASH_API_KEY}"' in exec_start
     assert exec_start.count(" " + API_KEY_REF) == 1  # the --api-key word, placed by position
 
 

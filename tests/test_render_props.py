@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from provision.cli import main
-from provision.config import Deployment
-from provision.render import API_KEY_REF
+from provision.model.deployment import Deployment
+from provision.planning.render import API_KEY_REF
 
 HOST = "rtx6000"
 # Fields that change which directives exist, on purpose: their own tests cover them.

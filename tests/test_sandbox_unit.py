@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from provision.cli import main
-from provision.render import API_KEY_REF
+from provision.planning.render import API_KEY_REF
 from provision.sandbox import layout, machines
 from provision.verify.checks import test_confinement as confinement
 from tests.test_sandbox import pytestmark  # noqa: F401 - the same requirements

@@ -1,7 +1,7 @@
 """Day 2 on applied sandbox hosts: reconfigure (and its rollbacks, lock, block size guard), status, logs.
 
 Runs after test_stack.py, on the hosts it applied (or applies them itself when run alone). The hosts
-have no GPU: the unit runs the SGLang stand-in (tests/standin), whose failure modes
+have no GPU: the unit runs the SGLang stand-in (provision/sandbox/sglang_double.py), whose failure modes
 (SGLANG_STANDIN_FAIL=startup|crash) are set through --set serve.env, like any other config.
 """
 

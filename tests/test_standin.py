@@ -1,4 +1,4 @@
-"""The SGLang stand-in (tests/standin/sglang_standin.py): a test double the sandbox hosts run instead of SGLang.
+"""The SGLang stand-in (provision/sandbox/sglang_double.py): a test double the sandbox hosts run instead of SGLang.
 
 The stand-in runs under SGLANG_PYTHON (or .venv-sglang), since it parses its argv with SGLang's own parser;
 those tests are skipped without one, never passed. The accept-length formula is checked here directly.
@@ -21,10 +21,11 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.standin import sglang_standin
+from provision import paths
+from provision.sandbox import sglang_double as sglang_standin
 
 ROOT = Path(__file__).resolve().parent.parent
-STANDIN = ROOT / "tests" / "standin" / "sglang_standin.py"
+STANDIN = paths.standin()
 LOCAL = ROOT / ".venv-sglang" / "bin" / "python"
 SGLANG_PYTHON = os.environ.get("SGLANG_PYTHON") or (str(LOCAL) if LOCAL.exists() else None)
 KEY = "test-key"

@@ -18,16 +18,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from provision import loadgen
+from provision import paths
 from provision.errors import InputError
-from provision.loadgen import CellResult, Stats
-from provision.sweep_matrix import GridCell, Matrix, load_matrix
-from provision.sweep_report import column_label, markdown, summarize, to_csv, write_report
-from provision.sweep_results import CONFIG_LEVEL, Record, Results, TornLineWarning, now
+from provision.sweep import load
+from provision.sweep.load import CellResult, Stats
+from provision.sweep.matrix import GridCell, Matrix, load_matrix
+from provision.sweep.report import column_label, markdown, summarize, to_csv, write_report
+from provision.sweep.results import CONFIG_LEVEL, Record, Results, TornLineWarning, now
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = ROOT / "sweeps"
-STANDIN = ROOT / "tests" / "standin" / "sglang_standin.py"
+STANDIN = paths.standin()
 SGLANG_VENV_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
 needs_standin = pytest.mark.skipif(
     not SGLANG_VENV_PYTHON.exists(), reason="/work/main/.venv-sglang is missing (the stand-in needs sglang's parser)"
@@ -314,44 +315,44 @@ def test_report_columns_follow_the_grid() -> None:
 
 
 def test_percentile_is_numpys_linear() -> None:
-    assert loadgen.percentile([], 50) == 0.0
-    assert loadgen.percentile([3.0], 99) == 3.0
-    assert loadgen.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert loadgen.percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
-    assert loadgen.percentile(list(map(float, range(101))), 99) == pytest.approx(99.0)
+    assert load.percentile([], 50) == 0.0
+    assert load.percentile([3.0], 99) == 3.0
+    assert load.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert load.percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
+    assert load.percentile(list(map(float, range(101))), 99) == pytest.approx(99.0)
 
 
 def test_prompts_have_the_word_count() -> None:
     cell = GridCell(concurrency=2, input_tokens=60)
-    prompts = loadgen.make_prompts(cell, seed=7)
+    prompts = load.make_prompts(cell, seed=7)
     assert len(prompts) == 4 and all(len(p.split()) == 60 for p in prompts)
-    assert len(set(prompts)) == 4 and prompts == loadgen.make_prompts(cell, seed=7)
+    assert len(set(prompts)) == 4 and prompts == load.make_prompts(cell, seed=7)
 
 
 def test_accept_length_delta() -> None:
     def info(accept: float | None) -> dict:
         return {"internal_states": [{} if accept is None else {"avg_spec_accept_length": accept}]}
 
-    assert loadgen.accept_length_delta(info(None), info(4.0)) == 4.0  # nothing speculative before the run
-    assert loadgen.accept_length_delta(info(3.0), info(4.0)) is None  # steps unknown
+    assert load.accept_length_delta(info(None), info(4.0)) == 4.0  # nothing speculative before the run
+    assert load.accept_length_delta(info(3.0), info(4.0)) is None  # steps unknown
     # 300 tokens in 100 steps before; the run adds 500 tokens in 100 steps: 800 / 200 = 4.0 since boot
-    assert loadgen.accept_length_delta(info(3.0), info(4.0), tokens_before=300, tokens_after=800) == 5.0
-    assert loadgen.accept_length_delta(info(3.0), info(None)) is None
+    assert load.accept_length_delta(info(3.0), info(4.0), tokens_before=300, tokens_after=800) == 5.0
+    assert load.accept_length_delta(info(3.0), info(None)) is None
 
 
 def test_bench_serving_argv_and_output_file() -> None:
     cell = GridCell(concurrency=32, input_tokens=4096)
-    argv = loadgen.bench_serving_argv("http://127.0.0.1:30000/", cell, None, "/tmp/c32.jsonl")
+    argv = load.bench_serving_argv("http://127.0.0.1:30000/", cell, None, "/tmp/c32.jsonl")
     joined = " ".join(argv)
     assert joined.startswith("python3 -m sglang.bench_serving --backend sglang --base-url http://127.0.0.1:30000 ")
     for part in ("--dataset-name random", "--random-input-len 4096", "--random-output-len 256",
                  "--random-range-ratio 1", "--num-prompts 64", "--max-concurrency 32", "--request-rate inf",
                  "--output-file /tmp/c32.jsonl"):  # fmt: skip
         assert part in joined
-    wrapped = loadgen.bench_serving_argv("http://h:1", cell, "SGLANG_API_KEY")
+    wrapped = load.bench_serving_argv("http://h:1", cell, "SGLANG_API_KEY")
     assert wrapped[:5] == ["sh", "-c", 'OPENAI_API_KEY="${SGLANG_API_KEY}" exec "$@"', "sh", "python3"]
     with pytest.raises(ValueError):
-        loadgen.bench_serving_argv("http://h:1", cell, "BAD;NAME")
+        load.bench_serving_argv("http://h:1", cell, "BAD;NAME")
 
     line = {"backend": "sglang", "dataset_name": "random", "request_rate": "inf", "max_concurrency": 32,
             "random_input_len": 4096, "random_output_len": 256, "random_range_ratio": 1.0, "duration": 35.6,
@@ -359,7 +360,7 @@ def test_bench_serving_argv_and_output_file() -> None:
             "accept_length": 4.4, "errors": [""] * 63 + ["timeout"]}  # fmt: skip
     for name in ("ttft", "itl", "tpot"):
         line |= {f"mean_{name}_ms": 10.0, f"median_{name}_ms": 9.0, f"p90_{name}_ms": 20.0, f"p99_{name}_ms": 30.0}
-    result = loadgen.parse_bench_serving(json.dumps(line))
+    result = load.parse_bench_serving(json.dumps(line))
     assert (result.concurrency, result.input_tokens, result.prompts, result.completed, result.failed) == (
         32, 4096, 64, 63, 1)  # fmt: skip
     assert (result.output_tok_s, result.ttft_ms.p50, result.tpot_ms.p99) == (453.0, 9.0, 30.0)
@@ -380,7 +381,7 @@ def bench_serving_flags() -> set[str]:
 
 def test_bench_serving_argv_flags_exist() -> None:
     known = bench_serving_flags()
-    argv = loadgen.bench_serving_argv("http://h:1", GridCell(concurrency=1, input_tokens=60), None, dataset_path="/d")
+    argv = load.bench_serving_argv("http://h:1", GridCell(concurrency=1, input_tokens=60), None, dataset_path="/d")
     used = {a for a in argv if a.startswith("--")}
     assert used and used <= known, used - known
 
@@ -430,9 +431,9 @@ def test_loadgen_against_the_standin(standin: str) -> None:
     cell = GridCell(concurrency=4, input_tokens=200, output_tokens=32, prompts=8)
 
     async def measure() -> tuple[dict, CellResult, dict]:
-        before = await loadgen.fetch_server_info(standin, "K")
-        result = await loadgen.run_cell(standin, "K", cell, seed=3, warmup=2)
-        after = await loadgen.fetch_server_info(standin, "K")
+        before = await load.fetch_server_info(standin, "K")
+        result = await load.run_cell(standin, "K", cell, seed=3, warmup=2)
+        after = await load.fetch_server_info(standin, "K")
         return before, result, after
 
     before, result, after = asyncio.run(measure())
@@ -444,15 +445,15 @@ def test_loadgen_against_the_standin(standin: str) -> None:
     assert result.accept_length is not None and 1 < result.accept_length < 8  # DFLASH, block 8
     assert result.verify_steps and result.verify_steps < result.total_output_tokens
     # the server's figure is cumulative: warm-up included, so it is only a cross-check here
-    assert loadgen.server_accept_length(before) is None
-    assert loadgen.accept_length_delta(before, after) == pytest.approx(result.accept_length, rel=0.2)
+    assert load.server_accept_length(before) is None
+    assert load.accept_length_delta(before, after) == pytest.approx(result.accept_length, rel=0.2)
     assert result.model_dump(mode="json")["ttft_ms"].keys() == {"mean", "p50", "p90", "p99"}
 
 
 @needs_standin
 def test_loadgen_counts_refused_requests(standin: str) -> None:
     cell = GridCell(concurrency=1, input_tokens=10, output_tokens=8, prompts=2)
-    result = asyncio.run(loadgen.run_cell(standin, "wrong-key", cell, seed=1))
+    result = asyncio.run(load.run_cell(standin, "wrong-key", cell, seed=1))
     assert (result.completed, result.failed) == (0, 2)
     assert result.output_tok_s == 0 and result.accept_length is None
     assert any("401" in e for e in result.errors)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from provision import paths
 from provision.errors import InputError
 from provision.files import write_atomic
 from provision.sandbox import machines, network, teardown
@@ -26,7 +27,6 @@ from provision.sandbox.layout import (
 )
 from provision.sandbox.lock import exclusive
 
-REPO_INVENTORY = Path(__file__).resolve().parent.parent.parent / "inventory"
 SSH_OPTIONS = "-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes -o ControlPath={control_path}"
 
 
@@ -98,10 +98,10 @@ def exec_in(name: str, command: list[str]) -> int:
 def write_inventory(hosts: list[SandboxHost]) -> None:
     """Groups that mirror production's, the same group_vars (linked), and data/sandbox.yml's differences."""
     text = resources.files("provision").joinpath("data", "sandbox.yml").read_text()
-    differences = yaml.safe_load(text.replace("{repo}", str(REPO_INVENTORY.parent)))
+    differences = yaml.safe_load(text.replace("{models}", str(paths.sandbox_models())))
     inv = inventory_dir()
     (inv / "group_vars").mkdir(parents=True, exist_ok=True)
-    for source in sorted((REPO_INVENTORY / "group_vars").glob("*.yml")):
+    for source in sorted((paths.example_inventory() / "group_vars").glob("*.yml")):
         link = inv / "group_vars" / source.name
         if not link.is_symlink():
             link.symlink_to(source)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from provision.files import write_atomic
-from provision.plan import Plan
+from provision.planning.types import Plan
 
 CHECKS = Path(__file__).resolve().parent / "checks"
 STYLE = {"passed": "green", "failed": "bold red", "skipped": "cyan"}

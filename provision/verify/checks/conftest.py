@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from provision import paths
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--dflash-plans", required=True, help="JSON file: host name -> plan")
@@ -38,15 +40,12 @@ def gpus(host: Any) -> None:
         pytest.skip(f"no GPU on {host.backend.get_hostname()}: nvidia-smi -L says {probe.stdout.strip()[:120]!r}")
 
 
-ROLES = Path(__file__).resolve().parents[3] / "roles"
-
-
 def run_script(host: Any, script: str, python: str, args: str = "", env: dict[str, str] | None = None) -> Any:
     """Send a role's helper script (roles/ROLE/files/NAME) inside the command, to a private temporary
     directory on the host, and run it with the given Python: the host needs nothing of ours."""
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
     name = Path(script).name
-    text = (ROLES / script).read_text()
+    text = (paths.roles() / script).read_text()
     command = (
         f"d=$(mktemp -d) && cat > $d/{name} <<'DFLASH_PROBE_EOF'\n{text}DFLASH_PROBE_EOF\n"
         f"cd $d && env {assigns} {shlex.quote(python)} $d/{name} {args}; rc=$?; rm -rf $d; exit $rc"

@@ -1,7 +1,7 @@
 """Service readiness: the unit, what it listens on, health, a real completion, the API key, and acceptance.
 
-On hosts without GPUs the unit runs the SGLang stand-in (tests/standin): these checks then prove the
-unit, the key and the readiness contract, and the report marks them as served by the stand-in.
+On hosts without GPUs the unit runs the SGLang stand-in (provision/sandbox/sglang_double.py): these checks then
+prove the unit, the key and the readiness contract, and the report marks them as served by the stand-in.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
+from provision import paths
 from provision.errors import InputError
-from provision.resolve import CLI_SET_VAR, HostVars, plan_host
+from provision.planning.resolve import CLI_SET_VAR, HostVars, plan_host
 
 
 class ActionModule(ActionBase):
@@ -39,4 +40,9 @@ class ActionModule(ActionBase):
             plan = plan_host(hostvars, list(task_vars.get("group_names", [])), addresses)
         except InputError as err:
             return {**result, "failed": True, "msg": str(err)}
-        return {**result, "changed": False, "ansible_facts": {"dflash_plan": plan.model_dump(mode="json")}}
+        facts = {
+            "dflash_plan": plan.model_dump(mode="json"),
+            # where this control node keeps the SGLang stand-in, which hosts without GPUs run
+            "dflash_standin_src": str(paths.standin()),
+        }
+        return {**result, "changed": False, "ansible_facts": facts}

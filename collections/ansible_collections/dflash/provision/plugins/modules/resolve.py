@@ -22,7 +22,7 @@ author: dflash-provision developers
 
 EXAMPLES = r"""
 - name: Resolve the deployment
-  dflash.provision.resolve:
+  dflash.provision.planning.resolve:
 """
 
 RETURN = r"""

@@ -8,16 +8,15 @@ the config models have already refused what no escape can make safe (control cha
 from __future__ import annotations
 
 import re
-from importlib import resources
 from typing import TYPE_CHECKING, NamedTuple
 
 import jinja2
 
-from provision.config import Deployment, RuleError
-from provision.tables import Dialect, parsers
+from provision.model.deployment import Deployment, RuleError
+from provision.model.tables import Dialect, parsers
 
 if TYPE_CHECKING:
-    from provision.plan import NodePlan, SystemdPlan
+    from provision.planning.types import NodePlan, SystemdPlan
 
 API_KEY_VAR = "SGLANG_DFLASH_API_KEY"
 API_KEY_REF = "${" + API_KEY_VAR + "}"
@@ -186,7 +185,7 @@ def env_file_text(env: dict[str, str]) -> str:
 
 
 _templates = jinja2.Environment(
-    loader=jinja2.FunctionLoader(lambda name: resources.files("provision").joinpath("templates", name).read_text()),
+    loader=jinja2.PackageLoader("provision.planning"),
     undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True,
     trim_blocks=True,

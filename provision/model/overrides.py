@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from provision.config import Deployment
 from provision.errors import InputError
+from provision.model.deployment import Deployment
 
 
 def _unwrap(annotation: Any) -> list[Any]:

@@ -10,7 +10,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from provision.plan import Plan
+from provision.planning.types import Plan
 
 
 def _facts(plan: Plan) -> Table:

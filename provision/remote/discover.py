@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from provision.plan import Plan
+from provision.planning.types import Plan
 
 QUERY = "nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader,nounits"
 

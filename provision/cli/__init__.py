@@ -1,25 +1,21 @@
-"""The `provision` command line."""
+"""The `provision` command line: its parser, and main(), which dispatches to provision/cli/commands/VERB.py and turns
+every failure into one line."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from provision import __version__, overrides
-from provision.errors import InputError, ProvisionError, one_line
+from provision import __version__
+from provision.errors import ProvisionError, one_line
 from provision.files import write_atomic
-
-if TYPE_CHECKING:
-    from provision.inventory import Inventory
-    from provision.plan import Plan
 
 STATE_ROOT = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "dflash-provision"
 DEFAULT_STATE = STATE_ROOT / "runs"
@@ -122,145 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _inventory_path(args: argparse.Namespace) -> Path:
-    if args.sandbox:
-        from provision.sandbox.manage import inventory_for_cli
-
-        return inventory_for_cli()
-    if args.inventory is not None:
-        return args.inventory
-    named = os.environ.get("PROVISION_INVENTORY")
-    if named is None:
-        return Path("inventory")
-    if not named.strip():
-        raise InputError("PROVISION_INVENTORY", "", "is empty; unset it or name an inventory directory or file")
-    return Path(named)
-
-
-def _inventory(args: argparse.Namespace) -> Inventory:
-    from provision.inventory import Inventory  # Ansible is slow to import: only when needed
-
-    return Inventory(_inventory_path(args))
-
-
-def _plans(args: argparse.Namespace) -> list[Plan]:
-    return _inventory(args).plans(args.host, overrides.split_set(args.set_))
-
-
-def cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    from provision.show import print_plan
-
-    plans = _plans(args)
-    if args.json:
-        if len(plans) == 1:
-            print(plans[0].model_dump_json(indent=2))
-        else:
-            print(
-                json.dumps({"target": args.host, "hosts": {p.host: p.model_dump(mode="json") for p in plans}}, indent=2)
-            )
-        return 0
-    for plan in plans:
-        print_plan(plan, console)
-    return 0
-
-
-def cmd_apply(args: argparse.Namespace, console: Console) -> int:
-    from provision.apply import playbook_for, run_playbook
-
-    extravars = {}
-    for item in args.extra_vars:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InputError("-e", item, "expected K=V")
-        extravars[key] = value
-    plans = _plans(args)  # bad input stops here, before Ansible touches any host
-    playbook = playbook_for({p.host: p.groups for p in plans})
-    limit = args.host if not args.limit else f"{args.host}:&{args.limit}"
-    return run_playbook(
-        plans,
-        playbook,
-        _inventory_path(args),
-        limit,
-        overrides.split_set(args.set_),
-        extravars,
-        check=args.check,
-        diff=args.diff,
-        tags=args.tags,
-        state_dir=args.state_dir,
-        console=console,
-    )
-
-
-def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from provision.verify.run import verify
-
-    return verify(_plans(args), _inventory_path(args), args.out, console)
-
-
-def cmd_discover(args: argparse.Namespace, console: Console) -> int:
-    from provision.discover import discover
-
-    return max(discover(plan, _inventory_path(args), console) for plan in _plans(args))
-
-
-def cmd_reconfigure(args: argparse.Namespace, console: Console) -> int:
-    from provision.reconfigure import reconfigure
-
-    if args.serial is not None and args.serial < 1:
-        raise InputError("--serial", str(args.serial), "must be 1 or more")
-    cli_set = overrides.split_set(args.set_)
-    return reconfigure(_inventory(args), args.host, cli_set, args.allow_untrained_depth, args.serial, console)
-
-
-def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    from provision.reconfigure import status
-
-    return status(_inventory(args), args.host, console)
-
-
-def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
-    from provision.sweep import sweep
-
-    if args.set_:
-        raise InputError("--set", "", "a sweep takes its settings from --matrix; put them in the matrix's configs")
-    return sweep(_inventory(args), args.host, args.matrix, args.out, args.resume, args.keep, console)
-
-
-def cmd_logs(args: argparse.Namespace, console: Console) -> int:
-    from provision.reconfigure import logs
-
-    return logs(_inventory(args), args.host, args.n, args.follow)
-
-
-def cmd_sandbox(args: argparse.Namespace, console: Console) -> int:
-    from provision.sandbox import manage
-
-    if args.verb == "up":
-        types = manage.parse_types(args.hosts)
-        with console.status("bringing up sandbox hosts (the first run builds the Debian base tree)"):
-            hosts = manage.up(types)
-        for host in hosts:
-            console.print(f"{host.name} ({host.type}) at {host.address}: running", highlight=False, markup=False)
-        console.print(f"inventory: {manage.inventory_dir()}", highlight=False, markup=False)
-    elif args.verb == "down":
-        manage.down()
-        console.print("sandbox down: no hosts, mounts, namespaces, cgroups or bridge left")
-    elif args.verb == "status":
-        rows = manage.status()
-        for host, state in rows:
-            console.print(f"{host.name} ({host.type}) {host.address}: {state}", highlight=False, markup=False)
-        if not rows:
-            console.print("no sandbox hosts")
-    else:
-        command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-        if not command:
-            raise InputError(
-                "exec", args.name, "give a command after --, like: provision sandbox exec b300 -- uname -a"
-            )
-        return manage.exec_in(args.name, command)
-    return 0
-
-
 def _crash_report(err: BaseException) -> str:
     """Where the traceback went (or why it could not be written), for the one-line internal error."""
     path = STATE_ROOT / f"crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt"
@@ -275,19 +132,9 @@ def _crash_report(err: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = _Console()
-    commands = {
-        "plan": cmd_plan,
-        "apply": cmd_apply,
-        "verify": cmd_verify,
-        "discover": cmd_discover,
-        "reconfigure": cmd_reconfigure,
-        "status": cmd_status,
-        "logs": cmd_logs,
-        "sweep": cmd_sweep,
-        "sandbox": cmd_sandbox,
-    }
     try:
-        rc = commands[args.command](args, console)
+        # each verb's module is imported only when used: Ansible is slow to import
+        rc = importlib.import_module(f"provision.cli.commands.{args.command}").run(args, console)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
         return rc
     except BrokenPipeError:

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from provision import paths
 from provision.errors import InputError
 
 # An inventory Ansible cannot parse must be an error, not a warning and an empty host list.
@@ -32,9 +33,10 @@ from ansible.parsing.dataloader import DataLoader  # noqa: E402
 from ansible.template import Templar  # noqa: E402
 from ansible.vars.manager import VariableManager  # noqa: E402
 
-from provision.config import RuleError  # noqa: E402
-from provision.plan import Plan, check_instances  # noqa: E402
-from provision.resolve import HostVars, origin_of, plan_host  # noqa: E402
+from provision.model.deployment import RuleError  # noqa: E402
+from provision.planning.planner import check_instances  # noqa: E402
+from provision.planning.resolve import HostVars, origin_of, plan_host  # noqa: E402
+from provision.planning.types import Plan
 
 
 def _ansible_message(err: BaseException) -> tuple[str, str]:
@@ -54,7 +56,6 @@ MAX_FILE_BYTES = 8 << 20
 YAML_SUFFIXES = ("", *C.YAML_FILENAME_EXTENSIONS)
 NOT_REGULAR = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
 # A host type is a group with its own playbook (apply runs it): a host has one, or Ansible merges two.
-PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 
 
 def _stat(path: Path, what: str) -> os.stat_result:
@@ -290,7 +291,7 @@ class Inventory:
     def host_types(self, host: str) -> list[str]:
         """The host's types: its groups that have a playbook of their own."""
         groups = self.manager.hosts[host].get_groups()
-        return sorted(g.name for g in groups if g.name != "all" and (PLAYBOOKS / f"{g.name}.yml").is_file())
+        return sorted(g.name for g in groups if g.name != "all" and (paths.playbooks() / f"{g.name}.yml").is_file())
 
     def _check_host(self, host: str) -> None:
         """One host type per host, and no dflash_* section that Ansible would pick from two groups by name order."""

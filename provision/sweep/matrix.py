@@ -24,9 +24,9 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from provision import overrides
-from provision.config import Deployment
 from provision.errors import InputError
+from provision.model import overrides
+from provision.model.deployment import Deployment
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
 DEFAULT_OUTPUT_TOKENS = 256

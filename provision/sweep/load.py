@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from provision.sweep_matrix import GridCell
+from provision.sweep.matrix import GridCell
 
 WORDS = (
     "the of and to in is it that was for on are as with his they at be this from have or by one had not but what "

@@ -2,7 +2,7 @@
 
 Per config: reconfigure (models, the build's own parser, the safe switch), warm up, then each grid
 cell through `python -m sglang.bench_serving` on the host where it imports, else our async client
-(provision/loadgen.py, the same definitions) through an ssh tunnel; then the coding check on the
+(provision/load.py, the same definitions) through an ssh tunnel; then the coding check on the
 final answers. Every finished cell is one record in results.jsonl (append-only, atomic), so
 `--resume` skips finished cells and redoes none; a config that fails is recorded and the sweep goes
 on. At the end the host serves the config it started with (or the best one with `--keep best`),
@@ -25,16 +25,17 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from provision import coding, loadgen
 from provision.errors import InputError
 from provision.files import write_atomic
-from provision.inventory import Inventory
-from provision.plan import Plan, url_host
-from provision.reconfigure import check_with_parser, plan_new, switch
-from provision.remote import Remote
-from provision.sweep_matrix import UNTRAINED_KEY, Matrix, SweepConfig, load_matrix
-from provision.sweep_report import summarize, write_report
-from provision.sweep_results import CONFIG_LEVEL, Record, Results, now
+from provision.inventory.reader import Inventory
+from provision.planning.planner import url_host
+from provision.planning.types import Plan
+from provision.remote.connection import Remote
+from provision.remote.reconfigure import check_with_parser, plan_new, switch
+from provision.sweep import coding, load
+from provision.sweep.matrix import UNTRAINED_KEY, Matrix, SweepConfig, load_matrix
+from provision.sweep.report import summarize, write_report
+from provision.sweep.results import CONFIG_LEVEL, Record, Results, now
 
 CODING = "coding"
 
@@ -80,19 +81,19 @@ def has_bench_serving(remote: Remote, plan: Plan) -> bool:
     return remote.run(f"{shlex.quote(python)} -c 'import sglang.bench_serving'", timeout=120).returncode == 0
 
 
-def measure(remote: Remote, plan: Plan, url: str, key: str | None, cell: Any, on_host: bool) -> loadgen.CellResult:
+def measure(remote: Remote, plan: Plan, url: str, key: str | None, cell: Any, on_host: bool) -> load.CellResult:
     if not on_host:
-        return asyncio.run(loadgen.run_cell(url, key, cell, seed=1))
+        return asyncio.run(load.run_cell(url, key, cell, seed=1))
     host_url = plan.service_url
     out = f"/tmp/dflash-sweep-{cell.id}.jsonl"
-    argv = loadgen.bench_serving_argv(host_url, cell, "SGLANG_DFLASH_API_KEY", out,
+    argv = load.bench_serving_argv(host_url, cell, "SGLANG_DFLASH_API_KEY", out,
                                       python=f"{plan.python_env.venv}/bin/python3")  # fmt: skip
     secrets = f"{plan.config.service.config_dir}/secrets.env"
     script = f"rm -f {out}; set -a; . {secrets}; set +a; {shlex.join(argv)} >/dev/null && tail -n 1 {out}"
     proc = remote.run(script, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"bench_serving failed: {proc.stderr.strip()[-500:]}")
-    return loadgen.parse_bench_serving(proc.stdout.strip().splitlines()[-1], prompts=cell.prompts)
+    return load.parse_bench_serving(proc.stdout.strip().splitlines()[-1], prompts=cell.prompts)
 
 
 def coding_check(url: str, key: str | None, plan: Plan, matrix: Matrix, base: Path) -> coding.CodingScore:
@@ -136,7 +137,7 @@ def run_config(config: SweepConfig, inventory: Inventory, host: str, matrix: Mat
     with tunnel(remote, plan) as url:
         if matrix.warmup_requests:
             warm = matrix.grid[0].model_copy(update={"prompts": matrix.warmup_requests, "concurrency": 1})
-            asyncio.run(loadgen.run_cell(url, key, warm, seed=0))
+            asyncio.run(load.run_cell(url, key, warm, seed=0))
         for cell in matrix.grid:
             if results.skip(config.name, cell.id):
                 continue

@@ -19,7 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from provision.tables import builds, compat, parsers, version_tuple
+from provision.model.tables import builds, compat, parsers, version_tuple
 
 CUDA_VERSION = r"^\d+\.\d+$"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -402,7 +402,8 @@ class ServiceSpec(Section):
     start_timeout_s: int = Field(default=1800, ge=5, le=86400, description="a 590B model loads for minutes")
     stop_timeout_s: int = Field(default=180, ge=5, le=86400, description="SIGTERM drains in-flight requests first")
     launcher: Literal["sglang", "standin"] = Field(
-        default="sglang", description="standin: hosts without GPUs run the SGLang stand-in (tests/standin), same argv"
+        default="sglang",
+        description="standin: hosts without GPUs run the SGLang stand-in (a test double), same argv",
     )
     standin_path: AbsPath = "/opt/dflash-provision/libexec/sglang_standin.py"
     rdma: bool = Field(

@@ -13,10 +13,11 @@ from typing import Any
 from ansible._internal._datatag._tags import Origin
 from pydantic import ValidationError
 
-from provision import overrides
-from provision.config import Deployment, RuleError
 from provision.errors import InputError
-from provision.plan import Plan, build_plan
+from provision.model import overrides
+from provision.model.deployment import Deployment, RuleError
+from provision.planning.planner import build_plan
+from provision.planning.types import Plan
 
 PREFIX = "dflash_"
 SECTIONS = tuple(Deployment.model_fields)

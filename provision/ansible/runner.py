@@ -12,20 +12,19 @@ from typing import Any
 import ansible_runner
 from rich.console import Console
 
+from provision import paths
 from provision.files import write_atomic
-from provision.plan import Plan
-from provision.resolve import CLI_SET_VAR
+from provision.planning.resolve import CLI_SET_VAR
+from provision.planning.types import Plan
 
-ROOT = Path(__file__).resolve().parent.parent
-PLAYBOOKS = ROOT / "playbooks"
 DEBUG_ACTIONS = ("debug", "ansible.builtin.debug")
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold red", "skipped": "cyan"}
 
 
 def playbook_for(groups_by_host: dict[str, list[str]]) -> Path:
     """The one host-type playbook every targeted host belongs to, else site.yml (all types)."""
-    types = {g for groups in groups_by_host.values() for g in groups if (PLAYBOOKS / f"{g}.yml").is_file()}
-    return PLAYBOOKS / (f"{types.pop()}.yml" if len(types) == 1 else "site.yml")
+    types = {g for groups in groups_by_host.values() for g in groups if (paths.playbooks() / f"{g}.yml").is_file()}
+    return paths.playbooks() / (f"{types.pop()}.yml" if len(types) == 1 else "site.yml")
 
 
 class Progress:
@@ -91,16 +90,18 @@ def run_playbook(
         cmdline.append("--diff")
     if tags:
         cmdline += ["--tags", tags]
-    console.print(f"[dim]playbook {playbook.relative_to(ROOT)}, inventory {inventory}, run record {run_dir}[/]")
+    console.print(
+        f"[dim]playbook {playbook.relative_to(paths.data_dir())}, inventory {inventory}, run record {run_dir}[/]"
+    )
     runner = ansible_runner.run(
         private_data_dir=str(run_dir),
-        project_dir=str(ROOT),
-        playbook=str(playbook.relative_to(ROOT)),
+        project_dir=str(paths.data_dir()),
+        playbook=str(playbook.relative_to(paths.data_dir())),
         inventory=str(inventory.resolve()),
         extravars={**extravars, CLI_SET_VAR: cli_set},
         cmdline=shlex.join(cmdline),
         envvars={
-            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_CONFIG": str(paths.ansible_config()),
             # this environment's ansible-playbook first, whatever PATH says
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         },

@@ -5,7 +5,7 @@ node), then ships it as one tar (DIR.tar: one transfer, not one per file; wheels
 already): hosts install with `--no-index` and need no network. Written atomically: the directory
 (with its `.complete` stamp) and the tar appear complete or not at all.
 
-Usage: python -m provision.wheelhouse --dest DIR --python 3.11 --glibc 2.36 [--no-deps]
+Usage: python -m provision.ansible.wheelhouse --dest DIR --python 3.11 --glibc 2.36 [--no-deps]
        [--index-url URL] [--extra-index-url URL] -- REQUIREMENT...
 """
 
@@ -74,7 +74,7 @@ def _download(dest: Path, requirements: list[str], python: str, glibc: str, mach
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m provision.wheelhouse", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m provision.ansible.wheelhouse", description=__doc__.splitlines()[0])
     parser.add_argument("--dest", type=Path, required=True)
     parser.add_argument("--python", required=True, help="the hosts' Python, like 3.11")
     parser.add_argument("--glibc", required=True, help="the hosts' glibc, like 2.36")

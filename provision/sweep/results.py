@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from provision.coding import CodingScore
+from provision.sweep.coding import CodingScore
 
 CONFIG_LEVEL = "*"  # the cell of a record for the whole config (it could not be planned, applied or started)
 
@@ -34,7 +34,7 @@ class Record(BaseModel):
     error: str | None = None
     started: str
     finished: str
-    result: dict[str, Any] | None = None  # a loadgen.CellResult as a dict
+    result: dict[str, Any] | None = None  # a load.CellResult as a dict
     accept_length: float | None = None
     coding: CodingScore | None = None
     server_args: dict[str, Any] | None = None

@@ -13,18 +13,17 @@ import os
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from provision import paths
 from provision.errors import InputError
-from provision.inventory import Inventory
-from provision.plan import Plan
-from provision.remote import Remote
+from provision.inventory.reader import Inventory
+from provision.planning.types import Plan
+from provision.remote.connection import Remote
 
-ROLES = Path(__file__).resolve().parent.parent / "roles"
-SWITCH = ROLES / "sglang_service" / "files" / "service_switch.py"
+SWITCH = paths.role_file("sglang_service", "service_switch.py")
 ARGCHECK = "/opt/dflash-provision/libexec/sglang_argcheck.py"
 STATE_DIR = "/var/lib/dflash-provision/serving"
 LOCKED = 3  # service_switch.py's exit code when another switch holds the host's lock

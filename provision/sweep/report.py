@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.files import write_atomic
-from provision.sweep_matrix import GridCell, Matrix
-from provision.sweep_results import CONFIG_LEVEL, Record
+from provision.sweep.matrix import GridCell, Matrix
+from provision.sweep.results import CONFIG_LEVEL, Record
 
 FAILED = "failed"
 MISSING = "-"

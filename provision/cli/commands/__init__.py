@@ -1,0 +1,1 @@
+"""One module per `provision` verb; provision/cli/__init__.py parses and dispatches."""

@@ -1,0 +1,20 @@
+"""`provision reconfigure`: switch the serving config safely (lock, drain, ready, roll back)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from provision.cli import targets
+from provision.errors import InputError
+from provision.model import overrides
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from provision.remote.reconfigure import reconfigure
+
+    if args.serial is not None and args.serial < 1:
+        raise InputError("--serial", str(args.serial), "must be 1 or more")
+    cli_set = overrides.split_set(args.set_)
+    return reconfigure(targets.inventory(args), args.host, cli_set, args.allow_untrained_depth, args.serial, console)

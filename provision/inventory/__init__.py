@@ -1,0 +1,1 @@
+"""Reading an Ansible inventory safely, with Ansible's own API."""

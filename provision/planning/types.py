@@ -1,0 +1,105 @@
+"""The plan's types: what `provision plan` prints and the roles consume as the `dflash_plan` fact."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from provision.model.deployment import Deployment
+
+
+class GpuPlan(BaseModel):
+    model: str
+    arch: str
+    sm: str
+    count: int
+    memory_gb: int
+    interconnect: str
+
+
+class CudaPlan(BaseModel):
+    version: str
+    home: str
+    method: str
+    arch_min: str
+    reason: str
+    pip_requirements: list[str]
+    pip_prefix_subdir: str | None
+
+
+class DriverPlan(BaseModel):
+    min: str
+    branch: str
+    reason: str
+
+
+class TritonPlan(BaseModel):
+    version: str
+    target: str
+    cc: int
+    bundled_knows: bool | None
+    ptxas_override: bool
+    reason: str
+
+
+class FlashinferPlan(BaseModel):
+    version: str
+    arch_list: str
+    workspace_base: str
+    requirement: str
+    aot_modules: list[str]
+    max_jobs: int | None
+
+
+class SglangPlan(BaseModel):
+    source: str
+    version: str
+    git_url: str | None
+    git_ref: str | None
+    wheel: str | None
+    dialect: str
+    torch: str
+    torch_cuda: str
+    requirement: str
+    install_deps: bool
+
+
+class PythonEnvPlan(BaseModel):
+    venv: str
+    requirements: list[str]
+    torch_index_url: str | None
+    index_url: str | None
+    wheelhouse: bool
+
+
+class NodePlan(BaseModel):
+    nnodes: int
+    node_rank: int
+    dist_init_addr: str
+
+
+class SystemdPlan(BaseModel):
+    version: int
+    assumed: bool
+
+
+class Plan(BaseModel):
+    host: str
+    groups: list[str]
+    gpu: GpuPlan
+    cuda: CudaPlan
+    driver: DriverPlan
+    triton: TritonPlan
+    flashinfer: FlashinferPlan
+    sglang: SglangPlan
+    python_env: PythonEnvPlan
+    multinode: NodePlan | None
+    systemd: SystemdPlan
+    config: Deployment
+    env: dict[str, str]
+    argv: list[str]
+    server_args: list[str]
+    service_address: str
+    service_url: str
+    env_file: str
+    unit: str
+    notes: list[str]

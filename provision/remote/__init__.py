@@ -1,0 +1,1 @@
+"""Day-2 work on the hosts: connections, the safe switch of the serving config, status, logs, discovery."""

@@ -1,0 +1,1 @@
+"""The sweep: its matrix, the load, results, the report and the coding check."""
