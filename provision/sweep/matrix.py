@@ -10,7 +10,7 @@
     coding: {enabled: true, problems: null, max_tokens: 2048, limit: null}
 
 `set` takes the dotted keys of `provision plan --set KEY=VALUE`; each key and value is checked here against
-provision.config.Deployment, so a typo fails before any server is touched. Rules across fields (a block size
+provision.model.deployment.Deployment, so a typo fails before any server is touched. Rules across fields (a block size
 above the drafter's) are the planner's and fail per config when the sweep plans it.
 """
 

@@ -46,7 +46,7 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from provision.plan import compat
+from provision.model.tables import compat
 
 DISTRO = "debian12/x86_64"
 NVIDIA_URL = "https://developer.download.nvidia.com/compute/cuda/repos"
