@@ -22,7 +22,7 @@ author: dflash-provision developers
 
 EXAMPLES = r"""
 - name: Resolve the deployment
-  dflash.provision.planning.resolve:
+  dflash.provision.resolve:
 """
 
 RETURN = r"""
