@@ -124,6 +124,10 @@ unit_state:
   description: Unit to "ActiveState:UnitFileState" (like active:enabled); empty where systemd has no answer.
   type: dict
   returned: always
+systemd_version:
+  description: The host's systemd version (systemctl --version), where units were asked about; else null.
+  type: int
+  returned: always
 key_env_in_sync:
   description: Whether key_env's environment file holds its key file's secret (false when either is missing).
   type: bool
@@ -143,6 +147,15 @@ def _unit_state(module, name):
     rc, out, _ = module.run_command(["systemctl", "show", "-p", "ActiveState", "-p", "UnitFileState", "--value", name])
     values = out.split()
     return ":".join(values) if rc == 0 and len(values) == 2 else ""
+
+
+def _systemd_version(module, units):
+    """The host's systemd (the unit is rendered for it), asked only where units are asked about."""
+    if not units:
+        return None
+    rc, out, _ = module.run_command(["systemctl", "--version"])
+    words = out.split()
+    return int(words[1]) if rc == 0 and len(words) > 1 and words[1].isdigit() else None
 
 
 def _read(path):
@@ -210,6 +223,7 @@ def main():
         dir_state={path: dir_state(path) for path in module.params["dirs"]},
         path_state={path: path_state(path) for path in module.params["paths"]},
         unit_state={name: _unit_state(module, name) for name in module.params["units"]},
+        systemd_version=_systemd_version(module, module.params["units"]),
         key_env_in_sync=_key_env_in_sync(module.params["key_env"]),
     )
 
