@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -155,6 +156,36 @@ def test_one_apply_undoes_drift_in_content_mode_and_owner_of_every_managed_path(
     rc, out = provision("apply", "--host", "all", "--sandbox", timeout=900)
     assert rc == 0, out[-3000:]
     assert all(changed == 0 for _, changed, _, _ in recap(out).values()), recap(out)
+
+
+def test_the_wheel_works_from_outside_the_checkout(host, tmp_path: Path) -> None:
+    """`pip install` of the built wheel (not editable) into a fresh venv, then plan, sandbox up, apply and verify
+    from an unrelated directory: the wheel carries the playbooks, roles, collection, host scripts and the
+    stand-in, and its apply finds the hosts the checkout applied settled (changed=0)."""
+    root, elsewhere, venv = Path(__file__).resolve().parent.parent, tmp_path / "elsewhere", tmp_path / "venv"
+    elsewhere.mkdir()
+
+    def run(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=elsewhere)
+
+    built = run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(root))
+    assert built.returncode == 0, built.stderr[-2000:]
+    [wheel] = (tmp_path / "dist").glob("dflash_provision-*.whl")
+    assert run(sys.executable, "-m", "venv", str(venv)).returncode == 0
+    installed = run(str(venv / "bin" / "pip"), "install", "-q", str(wheel))
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    where = run(str(venv / "bin" / "python"), "-c", "from provision import paths; print(paths.data_dir())")
+    assert where.stdout.strip() == str(next(venv.glob("lib/python3*/site-packages")) / "provision" / "_data")
+    cli = str(venv / "bin" / "provision")
+    plan = run(cli, "plan", "--host", HOST, "--sandbox", "--json")
+    assert plan.returncode == 0 and json.loads(plan.stdout)["host"] == HOST, plan.stderr
+    up = run(cli, "sandbox", "up", "--hosts", "rtx6000,b300")
+    assert up.returncode == 0, up.stderr
+    applied = run(cli, "apply", "--host", "all", "--sandbox", "--state-dir", str(tmp_path / "runs"), timeout=1800)
+    assert applied.returncode == 0, (applied.stdout + applied.stderr)[-3000:]
+    assert all(changed == 0 for _, changed, _, _ in recap(applied.stdout).values()), recap(applied.stdout)
+    verified = run(cli, "verify", "--host", "all", "--sandbox", "--out", str(tmp_path / "verify"), timeout=1800)
+    assert verified.returncode == 0, (verified.stdout + verified.stderr)[-3000:]
 
 
 def test_reconfigure_switches_and_the_new_args_show(host) -> None:
