@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from provision import cli
+from provision.cli import targets
 from provision.errors import InputError, ProvisionError, SandboxError
 from tests.conftest import ROOT
 from tests.test_bad_input import assert_refused
@@ -74,7 +75,7 @@ def crash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     def broken(args: object) -> None:
         raise ValueError("boom\nsecond line")
 
-    monkeypatch.setattr(cli, "_plans", broken)
+    monkeypatch.setattr(targets, "plans", broken)
     monkeypatch.setattr(cli, "STATE_ROOT", tmp_path / "state")
     return tmp_path / "state"
 
@@ -110,7 +111,7 @@ def test_an_error_is_one_line(run, inventory: Path, monkeypatch: pytest.MonkeyPa
     def refuse(args: object) -> None:
         raise InputError("file\n.yml", "field\rname", "bad\x1b[31m\nvalue\u2028end")
 
-    monkeypatch.setattr(cli, "_plans", refuse)
+    monkeypatch.setattr(targets, "plans", refuse)
     rc, out, err = run("plan", "--host", "b300-test", "--inventory", str(inventory))
     assert rc == 2 and out == ""
     assert err == "provision: error: file\\n.yml: field\\rname: bad\\x1b[31m\\nvalue\\u2028end\n"
