@@ -145,12 +145,26 @@ CONFLICTS = [
     (["serve.env.PATH=/x"], ["serve.env", "service.venv"]),
     (["serve.env.SGLANG_DDTREE_MAX_TOPK=2"], ["serve.env", "serve.ddtree"]),
 ]
+SYSTEM_PATHS = [
+    (["triton.cache_dir=/usr"], ["triton.cache_dir", "a directory of the host itself"]),
+    (["flashinfer.workspace_base=/var/cache"], ["flashinfer.workspace_base", "directory of the host itself"]),
+    (["service.config_dir=/etc"], ["service.config_dir", "directory of the host itself"]),
+    (["service.venv=/usr/local"], ["service.venv", "directory of the host itself"]),
+    (["model.path=/proc/self"], ["model.path", "directory of the host itself"]),
+    (["serve.api_key_file=/etc/passwd"], ["serve.api_key_file", "in a directory of the host itself (/etc)"]),
+    (["service.standin_path=/usr/bin/python3"], ["service.standin_path", "(/usr/bin)"]),
+    (["cuda.method=pip", "cuda.home=/usr"], ["cuda.home", "only a preinstalled toolkit"]),
+    (["service.user=root"], ["service.user", "not root"]),
+    (["serve.mem_fraction=.nan"], ["serve.mem_fraction", "finite number"]),
+    (["serve.context_length=100000000000000"], ["serve.context_length", "less than or equal to 10000000"]),
+    (["serve.ddtree.budget=1000000000"], ["serve.ddtree.budget", "less than or equal to 4096"]),
+]
 CRASHES = [
     (["serve.extra_args=" + "[" * 5000], ["serve.extra_args", "nested too deeply"]),
     (["drafter.block_size=4"], ["--set drafter.block_size=4", "trained block size 4"]),
     (["gpu.arch=10.3", "serve.attention_backend=trtllm_mla", "serve.draft_attention_backend=flashinfer"], []),
 ]
-NEW_SETS = [*INJECTION, *COERCIONS, *NO_OPS, *CONFLICTS, *CRASHES[:2]]
+NEW_SETS = [*INJECTION, *COERCIONS, *NO_OPS, *CONFLICTS, *SYSTEM_PATHS, *CRASHES[:2]]
 
 
 @pytest.mark.parametrize(("sets", "expected"), NEW_SETS, ids=[" ".join(s)[:60] for s, _ in NEW_SETS])

@@ -59,7 +59,7 @@ def _control_characters(value: Any) -> Iterator[str]:
 
 class Section(BaseModel):
     # strict: a YAML `yes` is no port, "8" is no count; nothing is coerced in either direction
-    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
+    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re", allow_inf_nan=False)
 
     @field_validator("*", mode="after")
     @classmethod
@@ -128,7 +128,37 @@ def check_init_addr(value: str) -> str:
     return value
 
 
+# The host's own directories: apply creates, chowns and chmods the directories it manages and writes the
+# files it manages, so one of these as a managed path would hand it to the service user or overwrite it.
+SYSTEM_DIRS = frozenset(
+    "/bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root /run /sbin /srv /sys /tmp "
+    "/usr /var /usr/bin /usr/sbin /usr/lib /usr/lib32 /usr/lib64 /usr/libexec /usr/local /usr/share /usr/include "
+    "/usr/src /usr/local/bin /usr/local/sbin /usr/local/lib /usr/local/share /usr/local/include /usr/local/etc "
+    "/var/cache /var/lib /var/log /var/tmp /var/spool /var/run /var/mail /var/opt /var/backups /var/local "
+    "/etc/systemd /etc/systemd/system /etc/ssh /etc/default /etc/apt /etc/sudoers.d /etc/security /etc/pam.d "
+    "/etc/cron.d /etc/ld.so.conf.d /etc/profile.d /etc/alternatives".split()
+)
+KERNEL_TREES = ("/proc/", "/sys/", "/dev/", "/boot/")
+
+
+def _managed_dir(value: str) -> str:
+    """A directory apply owns: never one of the host's own, nor in a kernel or boot tree."""
+    if value in SYSTEM_DIRS or value.startswith(KERNEL_TREES):
+        raise ValueError(f"{value} is a directory of the host itself; apply would take it over: use one of its own")
+    return value
+
+
+def _managed_file(value: str) -> str:
+    """A file apply writes or chmods: in a directory of its own, never directly in one of the host's."""
+    parent = posixpath.dirname(value)
+    if parent in SYSTEM_DIRS or value.startswith(KERNEL_TREES) or value in SYSTEM_DIRS:
+        raise ValueError(f"{value} is in a directory of the host itself ({parent}); put it in a directory of its own")
+    return value
+
+
 AbsPath = Annotated[str, AfterValidator(_absolute)]
+ManagedDir = Annotated[AbsPath, AfterValidator(_managed_dir)]
+ManagedFile = Annotated[AbsPath, AfterValidator(_managed_file)]
 HttpUrl = Annotated[str, AfterValidator(lambda v: _url(v, ("https", "http")))]
 GitUrl = Annotated[str, AfterValidator(lambda v: _url(v, ("https", "http", "ssh", "git", "file")))]
 Pep440 = Annotated[str, AfterValidator(_pep440)]
@@ -138,7 +168,7 @@ class GpuProfile(Section):
     model: str = Field(min_length=1)
     arch: str = Field(description='compute capability, like "12.0"')
     count: int = Field(ge=1, le=16)
-    memory_gb: int = Field(ge=1)
+    memory_gb: int = Field(ge=1, le=100_000)
     interconnect: Literal["pcie", "nvlink"]
 
     @field_validator("arch", mode="before")
@@ -158,7 +188,19 @@ class GpuProfile(Section):
 class CudaSpec(Section):
     version: str | None = Field(default=None, pattern=CUDA_VERSION)
     method: Literal["nvidia_repo", "pip", "preinstalled"] = "nvidia_repo"
-    home: Annotated[AbsPath, Field(pattern=r"^[^:]*$")] | None = Field(default=None, description="no ':' (PATH)")
+    # no ':' (it goes on PATH); a preinstalled toolkit may live in the host's own tree (Debian's in /usr)
+    home: Annotated[AbsPath, Field(pattern=r"^[^:]*$")] | None = None
+
+    @model_validator(mode="after")
+    def _home_is_ours(self) -> CudaSpec:
+        if self.home is not None and self.method != "preinstalled":
+            try:
+                _managed_dir(self.home)
+            except ValueError as err:
+                raise RuleError(
+                    "cuda.home", f"{err} (only a preinstalled toolkit may live there)", ("cuda.method",)
+                ) from None
+        return self
 
     @field_validator("version", mode="before")
     @classmethod
@@ -236,7 +278,7 @@ class SglangBuild(Section):
 class ModelFiles(Section):
     """Where a model's files come from; the model_store role puts them at `path`."""
 
-    path: AbsPath
+    path: ManagedDir
     source: Literal["present", "huggingface", "copy"] = Field(
         default="present", description="present: only check the files; huggingface: fetch repo; copy: from copy_from"
     )
@@ -244,7 +286,7 @@ class ModelFiles(Section):
     revision: str | None = Field(default=None, pattern=GIT_REF.pattern)
     copy_from: AbsPath | None = Field(default=None, description="a directory on the control node")
     token_file: AbsPath | None = Field(default=None, description="control-node file (mode 0600) with the HF token")
-    min_free_gb: int | None = Field(default=None, ge=0, description="free space required before fetching")
+    min_free_gb: int | None = Field(default=None, ge=0, le=1_000_000, description="free space required before fetching")
 
     @model_validator(mode="after")
     def _source_complete(self) -> ModelFiles:
@@ -262,41 +304,41 @@ class TargetModel(ModelFiles):
 
 
 class Drafter(ModelFiles):
-    block_size: int = Field(ge=2, description="the block size the drafter was trained with")
+    block_size: int = Field(ge=2, le=64, description="the block size the drafter was trained with")
 
 
 class DDTree(Section):
-    budget: int = Field(default=8, ge=1)
-    topk: int = Field(default=4, ge=1)
+    budget: int = Field(default=8, ge=1, le=4096)
+    topk: int = Field(default=4, ge=1, le=1024)
 
 
 class CudaGraph(Section):
     enabled: bool = True
     prefill: bool = Field(default=True, description="capture prefill graphs too")
-    max_bs: int | None = Field(default=None, ge=1)
+    max_bs: int | None = Field(default=None, ge=1, le=4096)
 
 
 class Serve(Section):
     algorithm: Literal["DFLASH", "DDTREE", "NONE"] = "DFLASH"
-    block_size: int = Field(default=8, ge=2)
+    block_size: int = Field(default=8, ge=2, le=64)
     allow_untrained_depth: bool = False
-    draft_window: int | None = Field(default=None, ge=1)
+    draft_window: int | None = Field(default=None, ge=1, le=10_000_000)
     ddtree: DDTree = DDTree()
-    tp: int = Field(default=1, ge=1)
-    ep: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1, le=1024)
+    ep: int = Field(default=1, ge=1, le=1024)
+    pp: int = Field(default=1, ge=1, le=1024)
     dp_attention: bool = False
     attention_backend: str | None = None
     draft_attention_backend: str | None = None
     cuda_graph: CudaGraph = CudaGraph()
     nccl_p2p_disable: bool = Field(default=False, description="NCCL_P2P_DISABLE=1 (PCIe P2P hangs, NVIDIA/nccl#1999)")
-    context_length: int | None = Field(default=None, ge=1)
+    context_length: int | None = Field(default=None, ge=1, le=10_000_000)
     mem_fraction: float | None = Field(default=None, gt=0, lt=1)
     kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3", "bf16"] | None = None
     host: str = "127.0.0.1"
     # no capability is granted to the unprivileged service user, so no port below 1024
     port: int = Field(default=30000, ge=1024, le=65535)
-    api_key_file: AbsPath | None = None
+    api_key_file: ManagedFile | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     metrics: bool = True
@@ -360,7 +402,7 @@ class TritonSpec(Section):
     ptxas: Literal["auto", "toolkit", "bundled"] = Field(
         default="auto", description="auto: use the toolkit's ptxas only where Triton's bundled one is too old"
     )
-    cache_dir: AbsPath = "/var/cache/sglang-dflash/triton"
+    cache_dir: ManagedDir = "/var/cache/sglang-dflash/triton"
 
 
 FLASHINFER_MODULES = ("activation", "norm", "sampling", "rope", "page", "cascade", "batch_mla", "batch_prefill_mla",
@@ -373,11 +415,13 @@ class FlashinferSpec(Section):
         pattern=r"^\d+\.\d+[af]?( \d+\.\d+[af]?)*$",
         description="defaults to the arch in FlashInfer's spelling",
     )
-    workspace_base: AbsPath = "/var/cache/sglang-dflash/flashinfer"
+    workspace_base: ManagedDir = "/var/cache/sglang-dflash/flashinfer"
     aot_modules: list[Literal[FLASHINFER_MODULES]] = Field(  # type: ignore[valid-type]
         default=["norm", "batch_mla"], description="built ahead of time once per arch and shipped to the others"
     )
-    max_jobs: int | None = Field(default=None, ge=1, description="nvcc jobs; default: sized to cores and memory")
+    max_jobs: int | None = Field(
+        default=None, ge=1, le=1024, description="nvcc jobs; default: sized to cores and memory"
+    )
 
 
 class PythonEnvSpec(Section):
@@ -397,15 +441,15 @@ class ServiceSpec(Section):
     # a unit name systemd accepts that is also a safe file and directory name (no "..", no leading dot)
     name: str = Field(default="sglang-dflash", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     user: str = Field(default="sglang", pattern=r"^[a-z_][a-z0-9_-]*$", max_length=32)
-    venv: AbsPath = "/opt/sglang-dflash/venv"
-    config_dir: AbsPath = "/etc/sglang-dflash"
+    venv: ManagedDir = "/opt/sglang-dflash/venv"
+    config_dir: ManagedDir = "/etc/sglang-dflash"
     start_timeout_s: int = Field(default=1800, ge=5, le=86400, description="a 590B model loads for minutes")
     stop_timeout_s: int = Field(default=180, ge=5, le=86400, description="SIGTERM drains in-flight requests first")
     launcher: Literal["sglang", "standin"] = Field(
         default="sglang",
         description="standin: hosts without GPUs run the SGLang stand-in (a test double), same argv",
     )
-    standin_path: AbsPath = "/opt/dflash-provision/libexec/sglang_standin.py"
+    standin_path: ManagedFile = "/opt/dflash-provision/libexec/sglang_standin.py"
     rdma: bool = Field(
         default=False, description="open the InfiniBand verbs and rdma_cm devices (multi-node instances always do)"
     )
@@ -419,6 +463,13 @@ class ServiceSpec(Section):
     limit_nofile: int = Field(
         default=65536, ge=1024, le=1048576, description="open files (SGLang raises its soft limit to it)"
     )
+
+    @field_validator("user")
+    @classmethod
+    def _unprivileged(cls, value: str) -> str:
+        if value == "root":
+            raise ValueError("must be an unprivileged account, not root: the unit's hardening assumes one")
+        return value
 
     @field_validator("venv")
     @classmethod
