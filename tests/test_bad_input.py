@@ -155,6 +155,8 @@ SYSTEM_PATHS = [
     (["service.standin_path=/usr/bin/python3"], ["service.standin_path", "(/usr/bin)"]),
     (["cuda.method=pip", "cuda.home=/usr"], ["cuda.home", "only a preinstalled toolkit"]),
     (["service.user=root"], ["service.user", "not root"]),
+    (["service.name=ssh"], ["service.name", "a unit of the host itself"]),
+    (["service.name=nvidia-persistenced"], ["service.name", "a unit of the host itself"]),
     (["serve.mem_fraction=.nan"], ["serve.mem_fraction", "finite number"]),
     (["serve.context_length=100000000000000"], ["serve.context_length", "less than or equal to 10000000"]),
     (["serve.ddtree.budget=1000000000"], ["serve.ddtree.budget", "less than or equal to 4096"]),

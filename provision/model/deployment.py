@@ -139,6 +139,11 @@ SYSTEM_DIRS = frozenset(
     "/etc/cron.d /etc/ld.so.conf.d /etc/profile.d /etc/alternatives".split()
 )
 KERNEL_TREES = ("/proc/", "/sys/", "/dev/", "/boot/")
+HOST_UNITS = frozenset(
+    "ssh sshd cron rsyslog networking NetworkManager polkit udev apt-daily apt-daily-upgrade unattended-upgrades "
+    "multi-user graphical default basic sysinit rescue emergency network network-online docker containerd "
+    "fabricmanager dcgm ufw firewalld chrony ntp sudo".split()
+)
 
 
 def _managed_dir(value: str) -> str:
@@ -463,6 +468,18 @@ class ServiceSpec(Section):
     limit_nofile: int = Field(
         default=65536, ge=1024, le=1048576, description="open files (SGLang raises its soft limit to it)"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _not_the_hosts_own(cls, value: str) -> str:
+        # apply writes /etc/systemd/system/NAME.service, which would override a unit of the host's (ssh: locked
+        # out) and restart it; the GPU stack's and systemd's own units included
+        base = value.removesuffix(".service")
+        if base in HOST_UNITS or base.startswith(("systemd-", "nvidia-", "dbus", "getty", "user-", "user@")):
+            raise ValueError(
+                f"{value} names a unit of the host itself; apply would replace it: choose a name of its own"
+            )
+        return value
 
     @field_validator("user")
     @classmethod
