@@ -10,6 +10,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from provision.planning.planner import url_host
 from provision.planning.types import Plan
 
 
@@ -49,7 +50,7 @@ def _facts(plan: Plan) -> Table:
         spec += f", block size {serve.block_size}, draft window {window}"
         if serve.algorithm == "DDTREE":
             spec += f", budget {serve.ddtree.budget}, topk {serve.ddtree.topk}"
-    rows += [("speculative", spec), ("listen", f"{serve.host}:{serve.port}")]
+    rows += [("speculative", spec), ("listen", f"{url_host(serve.host)}:{serve.port}")]
     rows += [("note", note) for note in plan.notes]
     return _table(rows, "bold cyan")
 
