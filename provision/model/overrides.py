@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import types
 import typing
 from typing import Any
 
@@ -12,15 +11,7 @@ from pydantic import BaseModel
 
 from provision.errors import InputError
 from provision.model.deployment import Deployment
-
-
-def _unwrap(annotation: Any) -> list[Any]:
-    """The concrete types an annotation admits (Optional and unions flattened)."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
-    if typing.get_origin(annotation) is typing.Annotated:
-        return _unwrap(typing.get_args(annotation)[0])
-    return [annotation]
+from provision.model.translate import unwrap
 
 
 def leaf_types(path: list[str]) -> list[Any]:
@@ -33,9 +24,9 @@ def leaf_types(path: list[str]) -> list[Any]:
             model = models[0]
             if step not in model.model_fields:
                 raise KeyError(".".join(path[:i]) or "top level", sorted(model.model_fields))
-            types_here = _unwrap(model.model_fields[step].annotation)
+            types_here = unwrap(model.model_fields[step].annotation)
         elif dicts:
-            types_here = _unwrap(typing.get_args(dicts[0])[1])
+            types_here = unwrap(typing.get_args(dicts[0])[1])
         else:
             raise KeyError(".".join(path[:i]), [])
     return types_here

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from provision.errors import InputError
 from provision.model import overrides
 from provision.model.deployment import Deployment, RuleError
+from provision.model.translate import describe
 from provision.planning.planner import build_plan
 from provision.planning.types import Plan
 
@@ -165,7 +166,7 @@ class HostVars:
             first = err.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
             more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-            raise self.error(field, _describe(first) + more) from None
+            raise self.error(field, describe(first, Deployment) + more) from None
 
     def error(self, field: str, message: str, related: tuple[str, ...] = ()) -> InputError:
         source, shown = self.blame(field, related)
@@ -181,24 +182,6 @@ class HostVars:
                 raise InputError(source, shown, f"has no effect: {why}; remove it")
             notes.append(f"{source}: {shown} has no effect: {why}")
         return notes
-
-
-def _describe(error: Mapping[str, Any]) -> str:
-    kind, loc = error["type"], [str(p) for p in error["loc"]]
-    if kind == "extra_forbidden":
-        try:
-            allowed = overrides.leaf_types(loc[:-1])
-            names = sorted(allowed[0].model_fields) if hasattr(allowed[0], "model_fields") else []
-        except KeyError:
-            names = []
-        return "unknown key" + (f"; allowed: {', '.join(names)}" if names else "")
-    if kind == "missing":
-        return "required"
-    message = str(error["msg"]).removeprefix("Value error, ")
-    value = error.get("input")
-    if isinstance(value, (str, int, float, bool)) and kind not in ("value_error",):
-        message += f" (got {value!r})"
-    return message
 
 
 def plan_host(hostvars: HostVars, groups: list[str], addresses: dict[str, str]) -> Plan:

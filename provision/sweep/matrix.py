@@ -16,7 +16,6 @@ above the drafter's) are the planner's and fail per config when the sweep plans 
 
 from __future__ import annotations
 
-import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from provision.errors import InputError
 from provision.model import overrides
 from provision.model.deployment import Deployment
+from provision.model.translate import describe, unwrap
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
 DEFAULT_OUTPUT_TOKENS = 256
@@ -147,7 +147,7 @@ def load_matrix(path: Path) -> Matrix:
     except ValidationError as err:
         first = err.errors()[0]
         loc = list(first["loc"])
-        raise InputError(_where(path, root, loc), _field(loc), _describe(first)) from None
+        raise InputError(_where(path, root, loc), _field(loc), describe(first, Matrix)) from None
     for i, config in enumerate(matrix.configs):
         for key, value in config.set.items():
             loc = ["configs", i, "set", key]
@@ -173,7 +173,9 @@ def check_set(key: str, value: Any) -> Any:
     try:
         return _leaf_adapter(key.split(".")).validate_python(value)
     except ValidationError as err:
-        raise InputError("", key, _describe(err.errors()[0])) from None
+        first = err.errors()[0]
+        # the error's place within the deployment, so an unknown key below a section names that section's keys
+        raise InputError("", key, describe({**first, "loc": (*key.split("."), *first["loc"])}, Deployment)) from None
 
 
 def _leaf_adapter(path: list[str]) -> TypeAdapter[Any]:
@@ -181,14 +183,14 @@ def _leaf_adapter(path: list[str]) -> TypeAdapter[Any]:
     current: Any = Deployment
     for i, step in enumerate(path):
         last = i == len(path) - 1
-        models = [t for t in _unwrap(current) if isinstance(t, type) and issubclass(t, BaseModel)]
+        models = [t for t in unwrap(current) if isinstance(t, type) and issubclass(t, BaseModel)]
         if models:
             info = models[0].model_fields[step]
             if last:
                 return _strict(Annotated[info.annotation, info])
             current = info.annotation
         else:  # a dict section (serve.env): its value type
-            dicts = [t for t in _unwrap(current) if typing.get_origin(t) is dict]
+            dicts = [t for t in unwrap(current) if typing.get_origin(t) is dict]
             current = typing.get_args(dicts[0])[1]
             if last:
                 return _strict(current)
@@ -197,17 +199,9 @@ def _leaf_adapter(path: list[str]) -> TypeAdapter[Any]:
 
 def _strict(annotation: Any) -> TypeAdapter[Any]:
     """As strict as the model itself (no "yes" for a port); a section's model carries its own config."""
-    if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _unwrap(annotation)):
+    if any(isinstance(t, type) and issubclass(t, BaseModel) for t in unwrap(annotation)):
         return TypeAdapter(annotation)
     return TypeAdapter(annotation, config=ConfigDict(strict=True))
-
-
-def _unwrap(annotation: Any) -> list[Any]:
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
-    if typing.get_origin(annotation) is Annotated:
-        return _unwrap(typing.get_args(annotation)[0])
-    return [annotation]
 
 
 def _field(loc: list[Any]) -> str:
@@ -234,32 +228,3 @@ def _where(path: Path, root: yaml.Node | None, loc: list[Any]) -> str:
     if node is not None:
         line = node.start_mark.line + 1
     return f"{path}:{line}" if line else str(path)
-
-
-def _describe(error: Any) -> str:
-    kind, loc = error["type"], list(error["loc"])
-    if kind == "extra_forbidden":
-        names = _allowed_at(loc[:-1])
-        return "unknown key" + (f"; allowed: {', '.join(names)}" if names else "")
-    if kind == "missing":
-        return "required"
-    message = str(error["msg"]).removeprefix("Value error, ")
-    value = error.get("input")
-    if isinstance(value, (str, int, float, bool)) and kind != "value_error":
-        message += f" (got {value!r})"
-    return message
-
-
-def _allowed_at(loc: list[Any]) -> list[str]:
-    """The keys allowed at a place of the matrix, for the unknown-key message."""
-    model: Any = Matrix
-    for step in loc:
-        if isinstance(step, int):
-            continue
-        field = model.model_fields.get(step) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
-            return []
-        inner = [t for t in _unwrap(field.annotation) if t is not type(None)]
-        inner = [typing.get_args(t)[0] if typing.get_origin(t) is list else t for t in inner]
-        model = inner[0] if inner else None
-    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
