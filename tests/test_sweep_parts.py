@@ -97,6 +97,9 @@ BAD = [
     ("grid: []\n", 1, "configs", ["required"]),
     ("configs: []\n", 1, "configs", ["at least 1"]),
     ("configs:\n  - name: a\nrepeat: 3\n", 3, "repeat", ["unknown key", "coding, configs, grid, warmup_requests"]),
+    # strict like the deployment: YAML's yes is no concurrency
+    ("configs:\n  - name: a\ngrid:\n  - {concurrency: yes, input_tokens: 60}\n", 4, "grid[0].concurrency",
+     ["valid integer", "got True"]),
     ("configs:\n  - name: a b\n", 2, "configs[0].name", ["pattern", "'a b'"]),
     ("configs:\n  - name: a\n  - name: b\n  - name: a\n", 4, "configs[2].name", ["'a'", "configs[0]"]),
     ("configs:\n  - name: a\n    sets: {}\n", 3, "configs[0].sets",

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from provision.errors import InputError
 from provision.model import overrides
-from provision.model.deployment import Deployment
+from provision.model.deployment import Deployment, Section
 from provision.model.translate import describe, unwrap
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
@@ -42,10 +42,6 @@ class MatrixRule(Exception):
         self.loc = loc
         self.message = message
         super().__init__(message)
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SweepConfig(Section):
@@ -90,7 +86,9 @@ def seed_grid() -> list[GridCell]:
 
 class Coding(Section):
     enabled: bool = True
-    problems: Path | None = Field(default=None, description="HumanEval-form JSONL; None: the shipped set")
+    problems: Annotated[Path, Field(strict=False)] | None = Field(
+        default=None, description="HumanEval-form JSONL; None: the shipped set"
+    )
     max_tokens: int = Field(default=2048, ge=1)
     limit: int | None = Field(default=None, ge=1, description="run at most this many problems")
 
