@@ -11,6 +11,7 @@ from typing import Any
 
 import ansible_runner
 from rich.console import Console
+from rich.text import Text
 
 from provision import paths
 from provision.files import write_atomic
@@ -37,9 +38,9 @@ class Progress:
         kind = event.get("event", "")
         data = event.get("event_data", {})
         if kind == "playbook_on_play_start":
-            self.console.print(f"[bold]PLAY[/] {data.get('name', '')}")
+            self.console.print(Text("PLAY ", style="bold").append(data.get("name", ""), style=""))
         elif kind == "playbook_on_task_start":
-            self.console.print(f"  [bold]TASK[/] {data.get('task', '')}")
+            self.console.print(Text("  TASK ", style="bold").append(data.get("task", ""), style=""))
         elif kind.startswith("runner_on_") and kind != "runner_on_start":
             res = data.get("res", {})
             status = {
@@ -49,9 +50,13 @@ class Progress:
                 "runner_on_skipped": "skipped",
             }.get(kind)
             if status:
-                line = f"    [{STATUS_STYLE.get(status, 'white')}]{status}[/]: {data.get('host', '')}"
+                line = (
+                    Text("    ")
+                    .append(status, style=STATUS_STYLE.get(status, "white"))
+                    .append(f": {data.get('host', '')}")
+                )
                 if status in ("failed", "unreachable") and res.get("msg"):
-                    line += f" - {res['msg']}"
+                    line.append(f" - {res['msg']}")  # text as Ansible wrote it: never markup
                 self.console.print(line, highlight=False, soft_wrap=True)
                 if status == "ok" and data.get("task_action") in DEBUG_ACTIONS and res.get("msg"):
                     # what a role reports on purpose, like why a check was skipped
@@ -90,9 +95,8 @@ def run_playbook(
         cmdline.append("--diff")
     if tags:
         cmdline += ["--tags", tags]
-    console.print(
-        f"[dim]playbook {playbook.relative_to(paths.data_dir())}, inventory {inventory}, run record {run_dir}[/]"
-    )
+    shown = playbook.relative_to(paths.data_dir())
+    console.print(f"playbook {shown}, inventory {inventory}, run record {run_dir}", style="dim", markup=False)
     runner = ansible_runner.run(
         private_data_dir=str(run_dir),
         project_dir=str(paths.data_dir()),
@@ -132,4 +136,4 @@ def print_recap(stats: dict[str, dict[str, int]], console: Console) -> None:
     ]
     for host in hosts:
         counts = " ".join(f"{name}={stats.get(key, {}).get(host, 0)}" for name, key in columns)
-        console.print(f"{host} : {counts}", highlight=False, soft_wrap=True)
+        console.print(f"{host} : {counts}", highlight=False, soft_wrap=True, markup=False)
