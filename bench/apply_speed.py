@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provision.sandbox import layout
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PROVISION = str(BIN / "provision")
@@ -61,7 +63,7 @@ def main() -> None:
     parser.add_argument("--noop-only", action="store_true", help="only the no-op re-apply; leaves the host up")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="bench-runs-"))
-    inventory = "/var/lib/dflash-provision/sandbox/inventory"
+    inventory = str(layout.inventory_dir())  # this sandbox's (PROVISION_SANDBOX_ID)
 
     if args.noop_only:
         timed(PROVISION, "sandbox", "up", "--hosts", "b300:1")  # keeps a running one

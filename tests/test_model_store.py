@@ -96,9 +96,11 @@ class Env:
         }
 
     def run(self, config: dict, *args: str) -> tuple[int, str, tuple[int, int, int, int] | None]:
-        plan = {"config": {**config, "service": {"user": "root", "venv": str(self.venv),
-                                                 "config_dir": str(self.config_dir)}}}  # fmt: skip
-        (self.tmp / "plan.json").write_text(json.dumps({"dflash_plan": plan}))
+        # the role parameters the playbooks pass from a host's plan
+        params = {"model_store_model": config["model"], "model_store_drafter": config["drafter"],
+                  "model_store_service_user": "root", "model_store_python": f"{self.venv}/bin/python3",
+                  "model_store_drafter_json": f"{self.config_dir}/drafter.json"}  # fmt: skip
+        (self.tmp / "plan.json").write_text(json.dumps(params))
         proc = subprocess.run(
             [str(BIN / "ansible-playbook"), "-i", str(self.tmp / "hosts.yml"), "-e", f"@{self.tmp / 'plan.json'}",
              str(self.tmp / "play.yml"), *args],
@@ -276,14 +278,7 @@ def test_files_the_service_user_cannot_read_are_refused(env: Env) -> None:
     hidden = env.tmp / "private" / "tiny-target"
     shutil.copytree(MODELS / "tiny-target", hidden)
     hidden.parent.chmod(0o700)
-    plan = {
-        "config": {
-            "model": model(hidden, "present"),
-            "drafter": None,
-            "service": {"user": "nobody", "venv": str(env.venv), "config_dir": str(env.config_dir)},
-        }
-    }
-    (env.tmp / "nobody.json").write_text(json.dumps({"dflash_plan": plan}))
+    (env.tmp / "nobody.json").write_text(json.dumps({"model_store_service_user": "nobody"}))
     rc, out, _ = env.run({"model": model(hidden, "present"), "drafter": None}, "-e", f"@{env.tmp / 'nobody.json'}")
     assert rc != 0
     assert f"model at {hidden} is not readable by nobody: " in out

@@ -23,8 +23,20 @@ PLAN = {
     "driver": {"branch": "R580", "min": "580.65.06", "reason": "CUDA 13.0 ships with R580 (>= 580.65.06)"},
     "gpu": {"arch": "10.3"},
 }
+
+
+def role_vars(plan: dict) -> dict:
+    """The role parameters the playbooks pass from a host's plan."""
+    driver = plan["driver"]
+    return {"nvidia_driver_branch": driver["branch"], "nvidia_driver_min": driver["min"],
+            "nvidia_driver_reason": driver["reason"], "nvidia_driver_arch": plan["gpu"]["arch"]}  # fmt: skip
+
+
 PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:50 UTC 2025\n"
 OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)\n"
+
+
+OS_FILES = {"Debian": "Debian-12.yml", "Ubuntu": "Ubuntu-24.04.yml"}  # the role's first_found vars files
 
 
 def no_nvidia_smi_here() -> bool:
@@ -58,7 +70,7 @@ def play(tmp_path: Path):
                 }
             )
         )
-        extra_vars = {"dflash_plan": plan or PLAN, **(extra or {})}
+        extra_vars = {**role_vars(plan or PLAN), **(extra or {})}
         proc = subprocess.run(
             [str(BIN / "ansible-playbook"), "-i", str(inventory), *(["--check"] if check else []),
              "-e", json.dumps(extra_vars), *args, str(playbook)],
@@ -187,7 +199,11 @@ def test_package_names_per_distribution(
                     "name": "Names",
                     "hosts": "localhost",
                     "gather_facts": False,
-                    "vars_files": [str(role / "defaults" / "main.yml"), str(role / "vars" / "main.yml")],
+                    "vars_files": [
+                        str(role / "defaults" / "main.yml"),
+                        str(role / "vars" / "main.yml"),
+                        str(role / "vars" / OS_FILES[distribution]),
+                    ],
                     "tasks": [
                         {"ansible.builtin.debug": {"msg": "PACKAGES={{ nvidia_driver_all_packages | to_json }}"}}
                     ],
@@ -196,7 +212,7 @@ def test_package_names_per_distribution(
         )
     )
     extra_vars = {
-        "dflash_plan": {**PLAN, "driver": {**PLAN["driver"], "branch": branch}},
+        **role_vars({**PLAN, "driver": {**PLAN["driver"], "branch": branch}}),
         "ansible_facts": {"distribution": distribution, "kernel": "6.8.0-60-generic"},
         **extra,
     }

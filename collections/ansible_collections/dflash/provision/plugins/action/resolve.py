@@ -10,6 +10,10 @@ from provision import paths
 from provision.errors import InputError
 from provision.planning.resolve import CLI_SET_VAR, HostVars, plan_host
 
+# a fact this action sets itself: a second resolve in the same run (the host's systemd) must not read it as
+# a deployment variable
+STANDIN_FACT = "dflash_standin_src"
+
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
@@ -26,7 +30,7 @@ class ActionModule(ActionBase):
             cli_set["service.systemd_version"] = int(reported)
         hostvars = HostVars(
             host,
-            task_vars,
+            {name: value for name, value in task_vars.items() if name != STANDIN_FACT},
             self._templar.template,
             fallback=f"inventory (host {host})",
             cli_set=cli_set,
@@ -43,6 +47,6 @@ class ActionModule(ActionBase):
         facts = {
             "dflash_plan": plan.model_dump(mode="json"),
             # where this control node keeps the SGLang stand-in, which hosts without GPUs run
-            "dflash_standin_src": str(paths.standin()),
+            STANDIN_FACT: str(paths.standin()),
         }
         return {**result, "changed": False, "ansible_facts": facts}

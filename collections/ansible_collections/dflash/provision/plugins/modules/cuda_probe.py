@@ -7,6 +7,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dflash.provision.plugins.module_utils.host import dpkg_installed, nvidia_smi, run
 
 DOCUMENTATION = r"""
 module: cuda_probe
@@ -105,20 +106,8 @@ nvcc_release:
 """
 
 
-def _run(module, args):
-    try:
-        return module.run_command(args)
-    except OSError:  # run_command raises for a missing executable on some versions
-        return 127, "", "not found"
-
-
-def _installed(module, name):
-    rc, out, _ = _run(module, ["dpkg-query", "-W", "-f=${Status}", name])
-    return rc == 0 and "install ok installed" in out
-
-
 def _has_candidate(module, name):
-    rc, out, _ = _run(module, ["apt-cache", "policy", name])
+    rc, out, _ = run(module, ["apt-cache", "policy", name])
     found = re.search(r"^\s*Candidate: (.*)$", out, re.M) if rc == 0 else None
     return bool(found) and found.group(1).strip() != "(none)"
 
@@ -137,17 +126,12 @@ def main():
     home, marker = module.params["home"], module.params["marker"]
     result = {"changed": False}
 
-    smi = module.get_bin_path("nvidia-smi")
-    if smi is None:
-        result.update(driver_versions=[], driver_missing_reason="nvidia-smi is not installed")
-    else:
-        rc, out, err = _run(module, [smi, "--query-gpu=driver_version", "--format=csv,noheader"])
-        versions = [line.strip() for line in out.splitlines() if line.strip()] if rc == 0 else []
-        reason = "" if versions else f"nvidia-smi failed: {(err or out).strip()[:200]}"
-        result.update(driver_versions=versions, driver_missing_reason=reason)
+    installed, _, versions, error = nvidia_smi(module)
+    reason = "" if versions else error if not installed else f"nvidia-smi failed: {error[:200]}"
+    result.update(driver_versions=versions, driver_missing_reason=reason)
 
-    result["missing_packages"] = [name for name in module.params["packages"] if not _installed(module, name)]
-    repo_missing = [name for name in module.params["repo_packages"] if not _installed(module, name)]
+    result["missing_packages"] = [name for name in module.params["packages"] if not dpkg_installed(module, name)]
+    repo_missing = [name for name in module.params["repo_packages"] if not dpkg_installed(module, name)]
     result["repo_packages_missing"] = repo_missing
     # apt-get update is needed only for what apt's lists do not know yet
     result["repo_packages_unknown"] = [name for name in repo_missing if not _has_candidate(module, name)]
@@ -170,7 +154,7 @@ def main():
     result["home_link"] = os.readlink(home) if os.path.islink(home) else ""
     result["home_is_dir"] = os.path.isdir(home) and not os.path.islink(home)
 
-    rc, out, _ = _run(module, ["update-alternatives", "--query", "cuda"])
+    rc, out, _ = run(module, ["update-alternatives", "--query", "cuda"])
     value = re.search(r"^Value: (.*)$", out, re.M) if rc == 0 else None
     result["alternative"] = value.group(1).strip() if value else ""
     result["alternatives"] = re.findall(r"^Alternative: (.*)$", out, re.M) if rc == 0 else []
@@ -178,7 +162,7 @@ def main():
     release = ""
     nvcc = os.path.join(home, "bin", "nvcc")
     if os.access(nvcc, os.X_OK):
-        rc, out, _ = _run(module, [nvcc, "--version"])
+        rc, out, _ = run(module, [nvcc, "--version"])
         found = re.search(r"release (\d+\.\d+),", out) if rc == 0 else None
         release = found.group(1) if found else ""
     result["nvcc_release"] = release

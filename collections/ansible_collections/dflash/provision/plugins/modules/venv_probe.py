@@ -11,6 +11,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.provision.plugins.module_utils.file_state import dir_state, file_state, path_state
+from ansible_collections.dflash.provision.plugins.module_utils.host import dpkg_installed, run
 
 DOCUMENTATION = r"""
 module: venv_probe
@@ -144,7 +145,7 @@ def _user_entry(name):
 
 
 def _unit_state(module, name):
-    rc, out, _ = module.run_command(["systemctl", "show", "-p", "ActiveState", "-p", "UnitFileState", "--value", name])
+    rc, out, _ = run(module, ["systemctl", "show", "-p", "ActiveState", "-p", "UnitFileState", "--value", name])
     values = out.split()
     return ":".join(values) if rc == 0 and len(values) == 2 else ""
 
@@ -153,7 +154,7 @@ def _systemd_version(module, units):
     """The host's systemd (the unit is rendered for it), asked only where units are asked about."""
     if not units:
         return None
-    rc, out, _ = module.run_command(["systemctl", "--version"])
+    rc, out, _ = run(module, ["systemctl", "--version"])
     words = out.split()
     return int(words[1]) if rc == 0 and len(words) > 1 and words[1].isdigit() else None
 
@@ -204,11 +205,7 @@ def main():
         for name in sorted(os.listdir(stamp_dir)):
             with open(os.path.join(stamp_dir, name)) as handle:
                 stamps[name] = handle.read()
-    missing = []
-    for name in module.params["packages"]:
-        rc, out, _ = module.run_command(["dpkg-query", "-W", "-f=${Status}", name])
-        if rc != 0 or "install ok installed" not in out:
-            missing.append(name)
+    missing = [name for name in module.params["packages"] if not dpkg_installed(module, name)]
     module.exit_json(
         changed=False,
         python="{}.{}".format(*sys.version_info[:2]),
