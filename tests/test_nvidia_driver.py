@@ -219,7 +219,9 @@ def test_package_names_per_distribution(
     proc = subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", json.dumps(extra_vars), str(playbook)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        # a host list (-i localhost,): provision itself, once imported in this process, allows YAML inventories only
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_INVENTORY_ENABLED": "host_list"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = re.search(r"PACKAGES=(\[.*?\])", proc.stdout)

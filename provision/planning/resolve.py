@@ -28,7 +28,7 @@ SET_VAR = "dflash_set"
 CLI_SET_VAR = "dflash_cli_set"
 # Variables the tool sets itself (the playbooks, `provision apply`, the plan fact): an inventory that
 # sets one would be read by ansible-playbook and not by `provision plan`, so it is refused.
-RESERVED_VARS = (CLI_SET_VAR, "dflash_plan", "dflash_host_type")
+RESERVED_VARS = (CLI_SET_VAR, "dflash_plan", "dflash_host_type", "dflash_standin_src")
 OTHER_VARS = (SET_VAR, *RESERVED_VARS)
 
 

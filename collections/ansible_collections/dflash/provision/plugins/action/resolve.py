@@ -10,10 +10,6 @@ from provision import paths
 from provision.errors import InputError
 from provision.planning.resolve import CLI_SET_VAR, HostVars, plan_host
 
-# a fact this action sets itself: a second resolve in the same run (the host's systemd) must not read it as
-# a deployment variable
-STANDIN_FACT = "dflash_standin_src"
-
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
@@ -30,7 +26,7 @@ class ActionModule(ActionBase):
             cli_set["service.systemd_version"] = int(reported)
         hostvars = HostVars(
             host,
-            {name: value for name, value in task_vars.items() if name != STANDIN_FACT},
+            task_vars,
             self._templar.template,
             fallback=f"inventory (host {host})",
             cli_set=cli_set,
@@ -47,6 +43,6 @@ class ActionModule(ActionBase):
         facts = {
             "dflash_plan": plan.model_dump(mode="json"),
             # where this control node keeps the SGLang stand-in, which hosts without GPUs run
-            STANDIN_FACT: str(paths.standin()),
+            "dflash_standin_src": str(paths.standin()),
         }
         return {**result, "changed": False, "ansible_facts": facts}
