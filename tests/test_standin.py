@@ -355,3 +355,19 @@ def test_reply_hook_gives_exactly_the_parts(kimi: Standin) -> None:
     assert "".join(d.get("content") or "" for d in deltas) == content
     native = httpx.post(f"{kimi.url}/generate", json={"text": prompt}, headers=auth()).json()
     assert native["text"] == f"<think>{reasoning}</think>{content}"  # /generate is raw model text
+
+
+@needs_sglang
+def test_what_bench_serving_asks_for(kimi: Standin) -> None:
+    """bench_serving's /generate requests set ignore_eos: the reply runs to exactly max_new_tokens; and after its
+    warm-up it may POST /flush_cache (with ?timeout=)."""
+    body = {"text": "one two", "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    meta = httpx.post(f"{kimi.url}/generate", json=body, headers=auth(), timeout=30).json()["meta_info"]
+    assert meta["completion_tokens"] == 300 and meta["finish_reason"]["type"] == "length"
+    assert meta["spec_accept_length"] == 300 / meta["spec_verify_ct"]
+    natural = {"text": "one two", "sampling_params": {"max_new_tokens": 300}}
+    meta = httpx.post(f"{kimi.url}/generate", json=natural, headers=auth(), timeout=30).json()["meta_info"]
+    assert meta["completion_tokens"] < 300 and meta["finish_reason"]["type"] == "stop"
+    flushed = httpx.post(f"{kimi.url}/flush_cache?timeout=60", headers=auth())
+    assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
+    assert httpx.post(f"{kimi.url}/flush_cache").status_code == 401  # behind the key, as in SGLang

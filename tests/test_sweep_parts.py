@@ -23,8 +23,9 @@ from provision.errors import InputError
 from provision.sweep import load
 from provision.sweep.load import CellResult, Stats
 from provision.sweep.matrix import GridCell, Matrix, load_matrix
-from provision.sweep.report import column_label, markdown, summarize, to_csv, write_report
+from provision.sweep.report import column_label, markdown, recommend, summarize, to_csv, workloads, write_report
 from provision.sweep.results import CONFIG_LEVEL, Record, Results, TornLineWarning, now
+from provision.sweep.run import keep_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = ROOT / "sweeps"
@@ -153,12 +154,14 @@ def test_missing_matrix_file(tmp_path: Path) -> None:
 def test_shipped_seed_sweep() -> None:
     matrix = load_matrix(SWEEPS / "seed.yml")
     assert [c.name for c in matrix.configs] == ["b8-t4-w2048", "b8-t4-none", "b4-t4-w2048", "b12-t6-w2048",
-                                                "b16-t4-w2048"]  # fmt: skip
+                                                "b16-t4-w2048", "bs16-b16-t4-w2048"]  # fmt: skip
     shape = [(c.set["serve.ddtree.budget"], c.set["serve.ddtree.topk"], c.set["serve.draft_window"])
              for c in matrix.configs]  # fmt: skip
-    assert shape == [(8, 4, 2048), (8, 4, None), (4, 4, 2048), (12, 6, 2048), (16, 4, 2048)]
+    assert shape == [(8, 4, 2048), (8, 4, None), (4, 4, 2048), (12, 6, 2048), (16, 4, 2048), (16, 4, 2048)]
     assert {c.set["serve.algorithm"] for c in matrix.configs} == {"DDTREE"}
-    assert not any("serve.block_size" in c.set for c in matrix.configs)  # the drafter's trained 8
+    # the drafter's trained 8, but for the seed's "block size 16 with a higher budget to match", asked for on purpose
+    untrained = [(c.set.get("serve.block_size"), c.allow_untrained_depth) for c in matrix.configs]
+    assert untrained == [(None, False)] * 5 + [(16, True)]
     assert [c.id for c in matrix.grid] == ["c1-in60", "c1-in1024", "c1-in4096", "c32-in60", "c32-in4096"]
     assert matrix.coding.enabled
 
@@ -182,7 +185,7 @@ def test_shipped_configs_plan(plan_json: Callable[..., dict]) -> None:
     """Every shipped config plans on the seed's DDTREE build; quick.yml's also on a DFLASH-only release build,
     where its two configs still render different command lines."""
     for name in ("seed.yml", "quick.yml"):
-        argvs = {json.dumps(_argv_of(plan_json, "rtx6000", c.set)) for c in load_matrix(SWEEPS / name).configs}
+        argvs = {json.dumps(_argv_of(plan_json, "rtx6000", c.overrides())) for c in load_matrix(SWEEPS / name).configs}
         assert len(argvs) == len(load_matrix(SWEEPS / name).configs)
     release = ("--set", "sglang.source=release", "--set", "sglang.dialect=sglang-0.5.23",
                "--set", "serve.algorithm=DFLASH")  # fmt: skip
@@ -314,6 +317,66 @@ def test_report_columns_follow_the_grid() -> None:
     assert [column_label(c, grid) for c in grid] == ["C=4 256 tok out32", "C=4 256 tok out64", "C=2 2k"]  # fmt: skip
 
 
+def test_recommendation_per_workload_of_the_seed_table() -> None:
+    matrix = load_matrix(SWEEPS / "seed.yml")
+    assert [(w.name, w.cell.id) for w in workloads(matrix.grid)] == [
+        ("c1-short", "c1-in60"),
+        ("c1-long", "c1-in4096"),
+        ("c32-short", "c32-in60"),
+        ("c32-long", "c32-in4096"),
+    ]
+    rows = summarize(seed_records(matrix), matrix)
+    # the default gate: every coding problem passed, so b4 (the seed's best C=32 short, 4/5) and b16 are out
+    best = {r.workload.name: (r.best, r.runner_up) for r in recommend(rows, matrix)}
+    assert best == {
+        "c1-short": ("b8-t4-w2048", ("b12-t6-w2048", 147.5)),
+        "c1-long": ("b12-t6-w2048", ("b8-t4-none", 45.5)),
+        "c32-short": ("b8-t4-none", ("b8-t4-w2048", 791.0)),
+        "c32-long": ("b8-t4-w2048", ("b8-t4-none", 456.8)),
+    }
+    loose = matrix.model_copy(update={"coding": matrix.coding.model_copy(update={"gate": 0.8})})
+    assert next(r for r in recommend(rows, loose) if r.workload.name == "c32-short").best == "b4-t4-w2048"
+    text = markdown(rows, matrix, "rtx6000-1")
+    section = text[text.index("### c1-long") : text.index("### c32-short")]
+    assert "**b12-t6-w2048**: 47.6 output tok/s (accept 4.81, coding 5/5); next: b8-t4-none at 45.5 (+4.6%)" in section
+    command = ("provision reconfigure --host rtx6000-1 --set serve.algorithm=DDTREE --set serve.ddtree.budget=12 "
+               "--set serve.ddtree.topk=6 --set serve.draft_window=2048")  # fmt: skip
+    assert command in section
+    assert "dflash_set:\n  serve.algorithm: DDTREE\n  serve.ddtree.budget: 12\n" in section
+    assert "host_vars/rtx6000-1.yml" in section
+    none = [r for r in seed_records(matrix) if r.cell != "coding"]
+    assert "None: no config passed the coding gate." in markdown(summarize(none, matrix), matrix)
+
+
+def test_an_untrained_depth_config_is_marked_and_its_commands_allow_it(tmp_path: Path) -> None:
+    matrix = load_matrix(SWEEPS / "seed.yml")
+    config = matrix.config("bs16-b16-t4-w2048")
+    records = [record(config.name, cell.id, result=fake_result(cell, 1000.0), accept_length=2.0,
+                      server_args={"block_size": 16}, trained_block_size=8) for cell in matrix.grid]  # fmt: skip
+    records.append(record(config.name, "coding", coding={"passed": 5, "total": 5}))
+    text = markdown(summarize(records, matrix), matrix, "h")
+    assert "| bs16-b16-t4-w2048 (untrained depth) | 1000.0 |" in text
+    assert "(untrained depth): block size above the drafter's trained one" in text
+    assert "--set serve.block_size=16" in text and "--allow-untrained-depth" in text
+    assert "serve.allow_untrained_depth: true" in text
+    files = write_report(records, matrix, tmp_path)
+    assert files.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the same block size within the drafter's training is not marked
+    trained = [r.model_copy(update={"trained_block_size": 16}) for r in records]
+    assert "(untrained depth)" not in markdown(summarize(trained, matrix), matrix)
+
+
+def test_keep_takes_a_workload_of_the_grid() -> None:
+    matrix = load_matrix(SWEEPS / "seed.yml")
+    assert keep_workload("start", matrix) is None
+    assert keep_workload("best:c32-long", matrix).cell.id == "c32-in4096"  # type: ignore[union-attr]
+    for bad in ("best", "best:c4", "fastest"):
+        with pytest.raises(
+            InputError, match="allowed: start, best:c1-short, best:c1-long, best:c32-short, best:c32-long"
+        ):
+            keep_workload(bad, matrix)
+
+
 # ---- the load generator
 
 
@@ -343,31 +406,45 @@ def test_accept_length_delta() -> None:
     assert load.accept_length_delta(info(3.0), info(None)) is None
 
 
-def test_bench_serving_argv_and_output_file() -> None:
+def test_bench_serving_args_and_the_driver_command() -> None:
     cell = GridCell(concurrency=32, input_tokens=4096)
-    argv = load.bench_serving_argv("http://127.0.0.1:30000/", cell, None, "/tmp/c32.jsonl")
-    joined = " ".join(argv)
-    assert joined.startswith("python3 -m sglang.bench_serving --backend sglang --base-url http://127.0.0.1:30000 ")
-    for part in ("--dataset-name random", "--random-input-len 4096", "--random-output-len 256",
-                 "--random-range-ratio 1", "--num-prompts 64", "--max-concurrency 32", "--request-rate inf",
-                 "--output-file /tmp/c32.jsonl"):  # fmt: skip
+    args = load.bench_serving_args("http://127.0.0.1:30000/", cell, "/tmp/c32.jsonl", tokenizer="/srv/m")
+    joined = " ".join(args)
+    assert joined.startswith("--backend sglang --base-url http://127.0.0.1:30000 --dataset-name random ")
+    for part in ("--random-input-len 4096", "--random-output-len 256", "--random-range-ratio 1", "--num-prompts 64",
+                 "--max-concurrency 32", "--request-rate inf", "--output-file /tmp/c32.jsonl",
+                 "--model /srv/m --tokenizer /srv/m"):  # fmt: skip
         assert part in joined
-    wrapped = load.bench_serving_argv("http://h:1", cell, "SGLANG_API_KEY")
-    assert wrapped[:5] == ["sh", "-c", 'OPENAI_API_KEY="${SGLANG_API_KEY}" exec "$@"', "sh", "python3"]
+    plain = load.driver_argv("/v/bin/python3", args, None, 1, placeholder=False)
+    assert plain[:6] == ["/v/bin/python3", "-", "run", "--warmup", "1", "--"] and plain[6:] == args
+    wrapped = load.driver_argv("py", args, "SGLANG_API_KEY", 2, placeholder=True)
+    assert wrapped[:8] == ["sh", "-c", 'OPENAI_API_KEY="${SGLANG_API_KEY}" exec "$@"', "sh", "py", "-", "run",
+                           "--placeholder"]  # fmt: skip
     with pytest.raises(ValueError):
-        load.bench_serving_argv("http://h:1", cell, "BAD;NAME")
+        load.driver_argv("py", args, "BAD;NAME", 1, placeholder=False)
 
+
+def test_bench_serving_output_line_and_the_runs_own_acceptance() -> None:
     line = {"backend": "sglang", "dataset_name": "random", "request_rate": "inf", "max_concurrency": 32,
             "random_input_len": 4096, "random_output_len": 256, "random_range_ratio": 1.0, "duration": 35.6,
             "completed": 63, "total_output_tokens": 16128, "request_throughput": 1.77, "output_throughput": 453.0,
-            "accept_length": 4.4, "errors": [""] * 63 + ["timeout"]}  # fmt: skip
+            "accept_length": 4.4, "errors": [""] * 63 + ["timeout"], "server_info": {"version": "0.5.23"}}  # fmt: skip
     for name in ("ttft", "itl", "tpot"):
         line |= {f"mean_{name}_ms": 10.0, f"median_{name}_ms": 9.0, f"p90_{name}_ms": 20.0, f"p99_{name}_ms": 30.0}
-    result = load.parse_bench_serving(json.dumps(line))
+    # 256 tokens in 64 steps and 256 in 32: 512 / 96; a request with no speculative figure counts in neither
+    stdout = "Serving Benchmark Result\nAccept length: 4.40\n\nDFLASH-BENCH " + json.dumps(
+        {"version": "0.5.23", "placeholders": [], "result": line, "requests": [[256, 4.0], [256, 8.0], [10, 0.0]]}
+    )
+    result = load.parse_bench_serving(load.driver_report(stdout), command="sh -c ...")
     assert (result.concurrency, result.input_tokens, result.prompts, result.completed, result.failed) == (
         32, 4096, 64, 63, 1)  # fmt: skip
     assert (result.output_tok_s, result.ttft_ms.p50, result.tpot_ms.p99) == (453.0, 9.0, 30.0)
-    assert (result.accept_length, result.server_accept_length, result.errors) == (None, 4.4, ["timeout"])
+    assert result.accept_length == pytest.approx(512 / 96) and result.verify_steps == 96
+    assert (result.server_accept_length, result.errors) == (4.4, ["timeout"])  # cumulative: kept, not used
+    assert (result.source, result.tool_version, result.command) == ("bench_serving", "0.5.23", "sh -c ...")
+    assert result.server_info == {"version": "0.5.23"} and result.accept_source == load.ACCEPT_FROM_BENCH
+    with pytest.raises(RuntimeError, match="no DFLASH-BENCH line"):
+        load.driver_report("Traceback ...")
 
 
 def bench_serving_flags() -> set[str]:
@@ -384,8 +461,9 @@ def bench_serving_flags() -> set[str]:
 
 def test_bench_serving_argv_flags_exist() -> None:
     known = bench_serving_flags()
-    argv = load.bench_serving_argv("http://h:1", GridCell(concurrency=1, input_tokens=60), None, dataset_path="/d")
-    used = {a for a in argv if a.startswith("--")}
+    args = load.bench_serving_args("http://h:1", GridCell(concurrency=1, input_tokens=60), "/o", dataset_path="/d",
+                                   tokenizer="/m")  # fmt: skip
+    used = {a for a in args if a.startswith("--")}
     assert used and used <= known, used - known
 
 

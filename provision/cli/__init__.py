@@ -99,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--out", type=Path, required=True, help="results.jsonl and the report go here")
     sweep.add_argument("--resume", action="store_true", help="skip the cells recorded in --out; redo none")
-    sweep.add_argument("--keep", choices=["start", "best"], default="start", help="the config left serving")
+    sweep.add_argument(
+        "--keep", default="start", metavar="start|best:WORKLOAD",
+        help="the config left serving: the one it started with, or the best for a workload of the grid "
+        "(c1-short, c1-long, c32-short, c32-long on the seed's grid)",
+    )  # fmt: skip
 
     logs = subs.add_parser("logs", help="the service's journal")
     _common(logs)

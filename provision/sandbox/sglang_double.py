@@ -19,6 +19,8 @@ Text: deterministic, seeded by the prompt (chat: the messages; /generate: the te
 "content": "..."}`` in the last user message (or /generate text) replaces both parts verbatim.
 Without --reasoning-parser, chat gets the raw text (``<think>reasoning</think>content``) in
 ``content``, as SGLang does for a thinking model with no parser; /generate always gets raw text.
+/generate with ``sampling_params.ignore_eos: true`` (bench_serving's requests) runs to exactly
+max_new_tokens, as SGLang does; POST /flush_cache answers as SGLang's (nothing to flush).
 
 Accept length (figure L, per speculative config; no algorithm: L = 1.0):
   B    = --speculative-dflash-block-size or --speculative-num-draft-tokens or 16 (DFLASH's default)
@@ -265,10 +267,15 @@ class Standin:
             self.inflight -= 1
             self.idle.notify_all()
 
-    def plan(self, seed: str, hook_text: str, prompt_tokens: int, max_tokens: int | None) -> Plan:
+    def plan(self, seed: str, hook_text: str, prompt_tokens: int, max_tokens: int | None,
+             ignore_eos: bool = False) -> Plan:  # fmt: skip
         hook = hook_reply(hook_text)
         reasoning, content = hook if hook is not None else invented_reply(seed, bool(self.args.reasoning_parser))
         pieces = [Piece(True, t) for t in tokenize(reasoning)] + [Piece(False, t) for t in tokenize(content)]
+        if ignore_eos and max_tokens is not None and len(pieces) < max_tokens:
+            # sampling_params.ignore_eos (bench_serving sends it): no natural end, exactly max_new_tokens
+            filler = [Piece(False, t) for t in tokenize(" " + invented_reply(seed + "/more", False)[1])]
+            pieces += filler * (max_tokens // len(filler) + 1)
         finish: dict[str, Any] = {"type": "stop", "matched": EOS_TOKEN_ID}
         if max_tokens is not None and len(pieces) > max_tokens:
             pieces = pieces[:max_tokens]
@@ -514,6 +521,7 @@ class Handler(BaseHTTPRequestHandler):
             "/v1/models": (("GET",), self.models),
             "/v1/chat/completions": (("POST",), self.chat),
             "/generate": (("POST", "PUT"), self.generate),
+            "/flush_cache": (("GET", "POST"), self.flush_cache),  # bench_serving, after its warm-up
         }
         if standin.args.enable_metrics and path.startswith("/metrics"):
             routes[path] = (("GET",), self.metrics)
@@ -539,6 +547,15 @@ class Handler(BaseHTTPRequestHandler):
         with self.standin.lock:
             up = self.standin.ready and not self.standin.draining
         self.send_empty(200 if up else 503)
+
+    def flush_cache(self) -> None:
+        # SGLang's answer; the stand-in has no cache to flush
+        data = b"Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"  # noqa: E501
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def metrics(self) -> None:
         data = self.standin.metrics().encode()
@@ -687,7 +704,7 @@ class Handler(BaseHTTPRequestHandler):
         prompt = text if isinstance(text, str) else json.dumps(input_ids)
         prompt_tokens = len(tokenize(text)) if isinstance(text, str) else len(input_ids or [])
         try:
-            plan = self.standin.plan(prompt, prompt, max(1, prompt_tokens), limit)
+            plan = self.standin.plan(prompt, prompt, max(1, prompt_tokens), limit, params.get("ignore_eos") is True)
         except ValueError as err:
             raise BadRequest(str(err)) from None
         if not self.admit_or_503():

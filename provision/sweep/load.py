@@ -17,9 +17,14 @@ which common BPE tokenizers encode as about one token each (with the leading spa
 approximate; the server's own count is in `prompt_tokens` of each reply.
 
 Accept length: per run, from each request's final `meta_info`: sum(completion_tokens) / sum(spec_verify_ct)
-(`CellResult.accept_length`, the figure to use). `/get_server_info`'s avg_spec_accept_length is cumulative
-since boot, so `accept_length_delta` can only turn a snapshot pair into a per-run figure with the token counts
-since boot; it is kept as a cross-check.
+(`CellResult.accept_length`, the figure to use; `accept_source` says how it was read). `/get_server_info`'s
+avg_spec_accept_length is cumulative since boot, so `accept_length_delta` can only turn a snapshot pair into a
+per-run figure with the token counts since boot; it is kept as a cross-check.
+
+bench_serving: the sweep runs it through provision/sweep/bench_driver.py (`driver_argv`), which keeps each
+measured request's spec_accept_length, and reads the line it appends to --output-file (`parse_bench_serving`).
+Either tool's CellResult carries the same fields: the tool (`source`), its version, the exact command and the
+server_info seen after the run.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ import math
 import random
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 from pydantic import BaseModel
 
+import provision
 from provision.sweep.matrix import GridCell
 
 WORDS = (
@@ -45,6 +52,12 @@ WORDS = (
 ).split()
 WARMUP_MAX_TOKENS = 32  # bench_serving: min(output_len, 32)
 ERRORS_KEPT = 5
+ACCEPT_FROM_VERIFY_CT = "this run's requests: sum(completion_tokens) / sum(meta_info spec_verify_ct)"
+ACCEPT_FROM_BENCH = (
+    "this run's requests (bench_serving's own, warm-up excluded): sum(output tokens) / sum(verify steps), "
+    "verify steps = output tokens / meta_info spec_accept_length"
+)
+DRIVER = Path(__file__).with_name("bench_driver.py")
 
 
 class Stats(BaseModel):
@@ -71,8 +84,13 @@ class CellResult(BaseModel):
     accept_length: float | None = None  # per run: sum(completion_tokens) / sum(spec_verify_ct)
     verify_steps: int | None = None
     server_accept_length: float | None = None  # /get_server_info's figure: cumulative since boot
-    source: str = "loadgen"  # or "bench_serving" (parse_bench_serving)
+    source: str = "loadgen"  # the tool, or "bench_serving" (parse_bench_serving)
     errors: list[str] = []  # the first few distinct request errors
+    tool_version: str | None = None  # loadgen: provision's; bench_serving: the SGLang it ran from
+    command: str | None = None  # exactly what ran
+    server_info: dict[str, Any] | None = None  # /server_info as the tool read it after the run
+    accept_source: str | None = None  # how accept_length was read (ACCEPT_FROM_*)
+    placeholders: list[str] = []  # modules the driver stood in for (bench_driver.py --placeholder)
 
 
 class _Request(BaseModel):
@@ -194,7 +212,14 @@ async def run_cell(
         begin = time.perf_counter()
         outputs = await asyncio.gather(*(limited(p, cell.output_tokens) for p in prompts))
         duration = time.perf_counter() - begin
-    return _summarize(cell, outputs, duration)
+    result = _summarize(cell, outputs, duration)
+    try:
+        info: dict[str, Any] | None = await fetch_server_info(base_url, api_key)
+    except httpx.HTTPError:
+        info = None  # the figures stand without it
+    command = f"provision.sweep.load.run_cell({base_url!r}, {cell!r}, seed={seed}, warmup={warmup})"
+    return result.model_copy(update={"tool_version": provision.__version__, "command": command, "server_info": info,
+                                     "server_accept_length": server_accept_length(info or {})})  # fmt: skip
 
 
 def _summarize(cell: GridCell, outputs: list[_Request], duration: float) -> CellResult:
@@ -220,6 +245,7 @@ def _summarize(cell: GridCell, outputs: list[_Request], duration: float) -> Cell
         accept_length=sum(o.output_len for o in spec) / steps if steps else None,
         verify_steps=steps if spec else None,
         errors=errors,
+        accept_source=ACCEPT_FROM_VERIFY_CT if steps else None,
     )
 
 
@@ -265,39 +291,51 @@ def accept_length_delta(
     return (tokens_after - tokens_before) / steps if steps > 0 else None
 
 
-# ---- bench_serving on hosts that have it
+# ---- bench_serving, where it imports
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def bench_serving_argv(
+def bench_serving_args(
     base_url: str,
     cell: GridCell,
-    api_key_env: str | None,
-    output_file: str = "bench_serving.jsonl",
+    output_file: str,
     *,
-    python: str = "python3",
     warmup: int = 1,
     seed: int = 1,
+    dataset: str = "random",
     dataset_path: str | None = None,
+    tokenizer: str | None = None,
 ) -> list[str]:
-    """The `python -m sglang.bench_serving` command for one cell, appending one JSON line to `output_file`.
+    """The arguments of `python -m sglang.bench_serving` for one cell, appending one JSON line to `output_file`.
+
+    Its `random` dataset samples ShareGPT text (downloaded from the Hugging Face hub unless `dataset_path` names
+    a local copy); `random-ids` samples token ids below the vocabulary size and needs no download. Both need the
+    model's tokenizer: `tokenizer` (a path on the machine that runs it), else the server's /model_info says.
+    """
+    args = [
+        "--backend", "sglang", "--base-url", base_url.rstrip("/"), "--dataset-name", dataset,
+        "--random-input-len", str(cell.input_tokens), "--random-output-len", str(cell.output_tokens),
+        "--random-range-ratio", "1", "--num-prompts", str(cell.prompts), "--max-concurrency", str(cell.concurrency),
+        "--request-rate", "inf", "--warmup-requests", str(warmup), "--seed", str(seed), "--output-file", output_file,
+        "--output-details", "--disable-tqdm",
+    ]  # fmt: skip
+    if dataset_path:
+        args += ["--dataset-path", dataset_path]
+    if tokenizer:
+        # --model too: else bench_serving takes the served name from /v1/models and asks the hub about it
+        args += ["--model", tokenizer, "--tokenizer", tokenizer]
+    return args
+
+
+def driver_argv(python: str, args: list[str], api_key_env: str | None, warmup: int, placeholder: bool) -> list[str]:
+    """bench_driver.py (on stdin) running bench_serving with `args`; see its docstring.
 
     bench_serving takes the key only from the environment (OPENAI_API_KEY, sent as a Bearer token). With
     `api_key_env` naming the host's variable that holds it, the command is wrapped in `sh -c` to copy it into
-    OPENAI_API_KEY at run time, so the key never appears in an argv. Its random dataset samples ShareGPT text
-    (downloaded from the Hugging Face hub unless `dataset_path` names a local copy) and needs the model's tokenizer.
+    OPENAI_API_KEY at run time, so the key never appears in an argv.
     """
-    argv = [
-        python, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", base_url.rstrip("/"),
-        "--dataset-name", "random", "--random-input-len", str(cell.input_tokens),
-        "--random-output-len", str(cell.output_tokens), "--random-range-ratio", "1",
-        "--num-prompts", str(cell.prompts), "--max-concurrency", str(cell.concurrency), "--request-rate", "inf",
-        "--warmup-requests", str(warmup), "--seed", str(seed), "--output-file", output_file, "--output-details",
-        "--disable-tqdm",
-    ]  # fmt: skip
-    if dataset_path:
-        argv += ["--dataset-path", dataset_path]
+    argv = [python, "-", "run", *(["--placeholder"] if placeholder else []), "--warmup", str(warmup), "--", *args]
     if api_key_env and api_key_env != "OPENAI_API_KEY":
         if not ENV_NAME.match(api_key_env):
             raise ValueError(f"not an environment variable name: {api_key_env!r}")
@@ -305,16 +343,30 @@ def bench_serving_argv(
     return argv
 
 
-def parse_bench_serving(jsonl_line: str, prompts: int | None = None) -> CellResult:
-    """A CellResult from one line of bench_serving's --output-file (keys of sglang/benchmark/serving.py).
+def driver_report(stdout: str) -> dict[str, Any]:
+    """The driver's last `DFLASH-BENCH {json}` line; RuntimeError when there is none."""
+    marker = "DFLASH-BENCH "
+    lines = [line for line in stdout.splitlines() if line.startswith(marker)]
+    if not lines:
+        raise RuntimeError(f"bench_driver.py printed no DFLASH-BENCH line: {stdout.strip()[-300:]}")
+    return dict(json.loads(lines[-1].removeprefix(marker)))
+
+
+def parse_bench_serving(report: dict[str, Any], prompts: int | None = None, command: str | None = None) -> CellResult:
+    """A CellResult from the driver's report: the line bench_serving appended to its --output-file (keys of
+    sglang/benchmark/serving.py) and each measured request's [output tokens, spec_accept_length].
 
     The number of prompts is not in the file: it is `prompts`, else the length of the per-request lists that
-    --output-details adds, else the completed count. Its accept_length is the server's cumulative figure read
-    after the run (since boot, warm-up included), not the run's own: it goes to server_accept_length.
+    --output-details adds, else the completed count. The file's accept_length is the server's cumulative figure
+    read after the run (since boot, warm-up included): it goes to server_accept_length; accept_length is the
+    run's own, from the requests.
     """
-    data = json.loads(jsonl_line)
+    data = report["result"]
     errors = data.get("errors")
     total = prompts if prompts is not None else (len(errors) if isinstance(errors, list) else int(data["completed"]))
+    spec = [(int(n), float(a)) for n, a in report.get("requests", []) if a and a > 0]
+    tokens = sum(n for n, _ in spec)
+    steps = sum(round(n / a) for n, a in spec)
 
     def stats(name: str) -> Stats:
         return Stats(mean=data[f"mean_{name}_ms"], p50=data[f"median_{name}_ms"], p90=data[f"p90_{name}_ms"],
@@ -334,7 +386,14 @@ def parse_bench_serving(jsonl_line: str, prompts: int | None = None) -> CellResu
         itl_ms=stats("itl"),
         tpot_ms=stats("tpot"),
         total_output_tokens=int(data.get("total_output_tokens") or 0),
+        accept_length=tokens / steps if steps else None,
+        verify_steps=steps or None,
         server_accept_length=data.get("accept_length"),
         source="bench_serving",
         errors=list(dict.fromkeys(e for e in errors or [] if e))[:ERRORS_KEPT],
+        tool_version=report.get("version"),
+        command=command,
+        server_info=data.get("server_info"),
+        accept_source=ACCEPT_FROM_BENCH if steps else None,
+        placeholders=list(report.get("placeholders") or []),
     )

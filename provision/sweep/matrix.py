@@ -7,7 +7,8 @@
       - {concurrency: 1, input_tokens: 60}
       - {concurrency: 32, input_tokens: 4096, output_tokens: 256, prompts: 64}
     warmup_requests: 2
-    coding: {enabled: true, problems: null, max_tokens: 2048, limit: null}
+    coding: {enabled: true, problems: null, max_tokens: 2048, limit: null, gate: 1.0}
+    bench_serving: {dataset: random, dataset_path: null}
 
 `set` takes the dotted keys of `provision plan --set KEY=VALUE`; each key and value is checked here against
 provision.model.deployment.Deployment, so a typo fails before any server is touched. Rules across fields (a block size
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import typing
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -91,6 +92,16 @@ class Coding(Section):
     )
     max_tokens: int = Field(default=2048, ge=1)
     limit: int | None = Field(default=None, ge=1, description="run at most this many problems")
+    gate: float = Field(default=1.0, ge=0, le=1, description="share of problems a config must pass to be recommended")
+
+
+class BenchServing(Section):
+    """How `python -m sglang.bench_serving` makes its prompts, where the sweep drives it."""
+
+    dataset: Literal["random", "random-ids"] = Field(
+        default="random", description="random: ShareGPT text cut to length (a download); random-ids: token ids"
+    )
+    dataset_path: str | None = Field(default=None, description="ShareGPT JSON on the host instead of the download")
 
 
 class Matrix(Section):
@@ -98,6 +109,7 @@ class Matrix(Section):
     grid: list[GridCell] = Field(default_factory=seed_grid, min_length=1)
     warmup_requests: int = Field(default=2, ge=0)
     coding: Coding = Coding()
+    bench_serving: BenchServing = BenchServing()
 
     @model_validator(mode="after")
     def _unique(self) -> Matrix:

@@ -38,6 +38,7 @@ class Record(BaseModel):
     accept_length: float | None = None
     coding: CodingScore | None = None
     server_args: dict[str, Any] | None = None
+    trained_block_size: int | None = None  # the drafter's, as read when the config ran
 
 
 def now() -> str:

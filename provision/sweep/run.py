@@ -1,12 +1,13 @@
 """`provision sweep`: each config of a matrix on one host, measured over the grid, with a coding check.
 
 Per config: reconfigure (models, the build's own parser, the safe switch), warm up, then each grid
-cell through `python -m sglang.bench_serving` on the host where it imports, else our async client
-(provision/load.py, the same definitions) through an ssh tunnel; then the coding check on the
-final answers. Every finished cell is one record in results.jsonl (append-only, atomic), so
-`--resume` skips finished cells and redoes none; a config that fails is recorded and the sweep goes
-on. At the end the host serves the config it started with (or the best one with `--keep best`),
-and the report is written: report.md, report.csv, report.png.
+cell through SGLang's bench_serving on the host where it imports (provision/sweep/bench_driver.py, which
+also keeps each request's acceptance), else our async client (provision/sweep/load.py, the same
+definitions) through a tunnel; then the coding check on the final answers. Every finished cell is one
+record in results.jsonl (append-only, atomic), so `--resume` skips finished cells and redoes none; a
+config that fails is recorded and the sweep goes on. At the end the host serves the config it started
+with (or, with `--keep best:WORKLOAD`, the one recommended for that workload), and the report is
+written: report.md (with the recommendations), report.csv, report.png.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,8 @@ from provision.planning.types import Plan
 from provision.remote.connection import Remote
 from provision.remote.reconfigure import check_with_parser, plan_new, switch
 from provision.sweep import coding, load
-from provision.sweep.matrix import UNTRAINED_KEY, Matrix, SweepConfig, load_matrix
-from provision.sweep.report import summarize, write_report
+from provision.sweep.matrix import GridCell, Matrix, SweepConfig, load_matrix
+from provision.sweep.report import Workload, recommend, summarize, workloads, write_report
 from provision.sweep.results import CONFIG_LEVEL, Record, Results, now
 
 CODING = "coding"
@@ -81,19 +83,42 @@ def has_bench_serving(remote: Remote, plan: Plan) -> bool:
     return remote.run(f"{shlex.quote(python)} -c 'import sglang.bench_serving'", timeout=120).returncode == 0
 
 
-def measure(remote: Remote, plan: Plan, url: str, key: str | None, cell: Any, on_host: bool) -> load.CellResult:
-    if not on_host:
-        return asyncio.run(load.run_cell(url, key, cell, seed=1))
-    host_url = plan.service_url
-    out = f"/tmp/dflash-sweep-{cell.id}.jsonl"
-    argv = load.bench_serving_argv(host_url, cell, "SGLANG_DFLASH_API_KEY", out,
-                                      python=f"{plan.python_env.venv}/bin/python3")  # fmt: skip
-    secrets = f"{plan.config.service.config_dir}/secrets.env"
-    script = f"rm -f {out}; set -a; . {secrets}; set +a; {shlex.join(argv)} >/dev/null && tail -n 1 {out}"
-    proc = remote.run(script, timeout=3600)
+@dataclass(frozen=True)
+class BenchTool:
+    """bench_serving on the host: the venv's python, SGLang's version, and whether the driver stands in for
+    torchvision (bench_driver.py --placeholder)."""
+
+    python: str
+    version: str
+    placeholder: bool
+
+
+def bench_probe(remote: Remote, plan: Plan, placeholder: bool) -> BenchTool | None:
+    """bench_serving through the driver on the host, or None (the sweep's own client measures then)."""
+    python = f"{plan.python_env.venv}/bin/python3"
+    flag = " --placeholder" if placeholder else ""
+    proc = remote.run(f"{shlex.quote(python)} - probe{flag}", stdin=load.DRIVER.read_text(), timeout=300)
     if proc.returncode != 0:
-        raise RuntimeError(f"bench_serving failed: {proc.stderr.strip()[-500:]}")
-    return load.parse_bench_serving(proc.stdout.strip().splitlines()[-1], prompts=cell.prompts)
+        return None
+    report = load.driver_report(proc.stdout)
+    return BenchTool(python, str(report["version"]), bool(report["placeholders"]))
+
+
+def measure(remote: Remote, plan: Plan, url: str, key: str | None, cell: GridCell, matrix: Matrix,
+            bench: BenchTool | None) -> load.CellResult:  # fmt: skip
+    if bench is None:
+        return asyncio.run(load.run_cell(url, key, cell, seed=1))
+    out = f"/tmp/dflash-sweep-{cell.id}.jsonl"
+    args = load.bench_serving_args(plan.service_url, cell, out, dataset=matrix.bench_serving.dataset,
+                                   dataset_path=matrix.bench_serving.dataset_path,
+                                   tokenizer=str(plan.config.model.path))  # fmt: skip
+    argv = load.driver_argv(bench.python, args, "SGLANG_DFLASH_API_KEY" if key else None, 1, bench.placeholder)
+    secrets = f"set -a; . {plan.config.service.config_dir}/secrets.env; set +a; " if key else ""
+    proc = remote.run(f"rm -f {out}; {secrets}{shlex.join(argv)}", stdin=load.DRIVER.read_text(), timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench_serving failed: {(proc.stderr.strip() or proc.stdout.strip())[-500:]}")
+    command = f"{shlex.join(argv)} < provision/sweep/bench_driver.py"
+    return load.parse_bench_serving(load.driver_report(proc.stdout), prompts=cell.prompts, command=command)
 
 
 def coding_check(url: str, key: str | None, plan: Plan, matrix: Matrix, base: Path) -> coding.CodingScore:
@@ -134,6 +159,8 @@ def run_config(config: SweepConfig, inventory: Inventory, host: str, matrix: Mat
     server_args = plan.config.serve.model_dump(mode="json")
     key = api_key(remote, plan)
     on_host = has_bench_serving(remote, plan)
+    bench = bench_probe(remote, plan, placeholder=not on_host)  # imports plainly, else try with the placeholder
+    trained = plan.config.drafter.block_size if plan.config.drafter else None
     with tunnel(remote, plan) as url:
         if matrix.warmup_requests:
             warm = matrix.grid[0].model_copy(update={"prompts": matrix.warmup_requests, "concurrency": 1})
@@ -143,11 +170,12 @@ def run_config(config: SweepConfig, inventory: Inventory, host: str, matrix: Mat
                 continue
             began = now()
             try:
-                res = measure(remote, plan, url, key, cell, on_host)
+                res = measure(remote, plan, url, key, cell, matrix, bench)
                 status, error = ("ok", None) if res.failed == 0 else ("failed", f"{res.failed} requests failed")
                 results.append(Record(config=config.name, cell=cell.id, status=status, error=error, started=began,
                                       finished=now(), result=res.model_dump(mode="json"),
-                                      accept_length=res.accept_length, server_args=server_args))  # fmt: skip
+                                      accept_length=res.accept_length, server_args=server_args,
+                                      trained_block_size=trained))  # fmt: skip
                 console.print(f"{config.name} {cell.id}: {res.output_tok_s:.1f} output tok/s, "
                               f"accept {res.accept_length}, via {res.source}")  # fmt: skip
             except (RuntimeError, httpx.HTTPError) as err:
@@ -187,12 +215,15 @@ def sweep(inventory: Inventory, host: str, matrix_path: Path, out_dir: Path, res
         raise InputError("--host", host, f"a sweep runs on one host; {host} names {len(plans)}")
     for i, config in enumerate(matrix.configs):  # every config planned before the host is touched
         try:
-            # the block size is judged again against the drafter's own config.json when the config runs
-            inventory.plans(host, {**config.overrides(), UNTRAINED_KEY: True})
+            # a block size above the inventory's trained one needs the config's own allow_untrained_depth: true;
+            # judged again against the drafter's own config.json when the config runs
+            inventory.plans(host, config.overrides())
         except InputError as err:
             if not err.source.startswith("--set"):
                 raise
-            raise InputError(f"{matrix_path}: configs[{i}] ({config.name})", err.field, err.message) from None
+            message = err.message.replace("set serve.allow_untrained_depth=true", "add allow_untrained_depth: true")
+            raise InputError(f"{matrix_path}: configs[{i}] ({config.name})", err.field, message) from None
+    keep_workload(keep, matrix)
     results_path = out_dir / "results.jsonl"
     if results_path.exists() and not resume:
         raise InputError("--out", str(out_dir), "holds results already; add --resume to go on, or choose another")
@@ -211,23 +242,37 @@ def sweep(inventory: Inventory, host: str, matrix_path: Path, out_dir: Path, res
             run_config(config, inventory, plan.host, matrix, results, matrix_path.parent, console)
     finally:
         _leave(keep, start, plan, remote, inventory, matrix, results, console)
-        files = write_report(results.records(), matrix, out_dir)
+        files = write_report(results.records(), matrix, out_dir, host=plan.host)
         console.print(f"report: {files.markdown}, {files.csv}, {files.png}")
     return 0 if all(r.status == "ok" for r in results.records()) else 1
 
 
 def _leave(keep: str, start: dict[str, str], plan: Plan, remote: Remote, inventory: Inventory, matrix: Matrix,
            results: Results, console: Console) -> None:  # fmt: skip
-    if keep == "best":
-        rows = [r for r in summarize(results.records(), matrix) if r.accept is not None]
-        if rows:
-            best = max(rows, key=lambda r: sum(v for v in r.throughput.values() if isinstance(v, float)))
-            config = matrix.config(best.config)
+    workload = keep_workload(keep, matrix)
+    if workload is not None:
+        rec = next(r for r in recommend(summarize(results.records(), matrix), matrix) if r.workload == workload)
+        if rec.best is None:
+            console.print(f"no config to keep for {workload.name}: {rec.why_none}")
+        else:
+            config = matrix.config(rec.best)
             [(new, _)] = plan_new(inventory, plan.host, config.overrides(), config.allow_untrained_depth, console)
             if switch(new, remote).code == 0:
-                console.print(f"left serving the best config: {best.config}")
+                console.print(f"left serving the best config for {workload.name}: {rec.best}")
                 return
     back = plan.model_copy(update={"unit": start["unit"], "env_file": start["env"]})
     outcome = switch(back, remote)
     verdict = "serving the config it started with" if outcome.code == 0 else f"FAILED: {outcome.result}"
     console.print(f"{plan.host}: {verdict}")
+
+
+def keep_workload(keep: str, matrix: Matrix) -> Workload | None:
+    """--keep: `start` (None), or `best:WORKLOAD` with a workload of the matrix's grid; InputError otherwise."""
+    if keep == "start":
+        return None
+    choices = {w.name: w for w in workloads(matrix.grid)}
+    name = keep.removeprefix("best:") if keep.startswith("best:") else None
+    if name not in choices:
+        allowed = ", ".join(["start", *(f"best:{n}" for n in choices)])
+        raise InputError("--keep", keep, f"allowed: {allowed} (workloads of this matrix's grid)")
+    return choices[name]

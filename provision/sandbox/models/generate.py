@@ -117,3 +117,34 @@ write_model(
         },
     },
 )
+
+
+def write_tokenizer(name: str, words: list[str]) -> None:
+    """A word-level tokenizer of V entries: <unk>, the words, <mask> (the drafter's mask_token_id, 63).
+
+    bench_serving loads it with transformers' AutoTokenizer (tokenizer.json through PreTrainedTokenizerFast),
+    samples ids below vocab_size for its random-ids dataset and decodes them to text: one word, one token,
+    as the stand-in counts prompt tokens (whitespace-separated pieces)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(words[: V - 2])}, "<mask>": V - 1}
+    assert len(vocab) == V, len(vocab)
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with single spaces
+    root = HERE / name
+    tokenizer.save(str(root / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "mask_token": "<mask>",
+              "model_max_length": 256, "clean_up_tokenization_spaces": False}  # fmt: skip
+    (root / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+# the stand-in's reply words, then common English ones (the sweep's own load client's prompts)
+WORDS = list(dict.fromkeys(
+    "the model answers with placeholder words from a fixed list so that tests can compare them draft tokens verify "
+    "block accept tree budget kernel cache prefill decode stream chunk token server request reply check value result "
+    "number string list item field state ready done of and to in is it was for on are as his they at be this have "
+    "or by one had not but what all were when we there".split()
+))  # fmt: skip
+write_tokenizer("tiny-target", WORDS)
