@@ -24,7 +24,7 @@ from provision.cli import main
 from provision.sandbox import layout
 from tests.doubles.nvidia_apt_repo import KEYRING, NvidiaAptRepoDouble
 from tests.test_sandbox import pytestmark as sandbox_requirements
-from tests.test_stack import CUOBJDUMP, DATA, on, recap
+from tests.test_stack import DATA, nvcc_cubin, on, recap
 
 pytestmark = [
     sandbox_requirements,
@@ -179,18 +179,9 @@ def test_double_moving_to_13_0_installs_it_and_repins_without_removing_12_9(host
 
 @pytest.mark.parametrize("sm", ["sm_103a", "sm_120a"])
 def test_double_nvcc_13_0_builds_blackwell_cubins(host, double, tmp_path: Path, sm: str) -> None:
-    proc = on(
-        host,
-        f"set -e; cat > /tmp/add.cu; /usr/local/cuda/bin/nvcc -cubin -arch={sm} -o /tmp/add.cubin /tmp/add.cu;"
-        " readlink -f /usr/local/cuda/bin/nvcc; cat /tmp/add.cubin >&2",
-        stdin=(DATA / "add.cu").read_bytes(),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.decode().strip() == "/usr/local/cuda-13.0/bin/nvcc"
-    cubin = tmp_path / "add.cubin"
-    cubin.write_bytes(proc.stderr)
-    listing = subprocess.run([str(CUOBJDUMP), "--list-elf", str(cubin)], capture_output=True, text=True, check=True)
-    assert f".{sm}.cubin" in listing.stdout
+    nvcc, listing = nvcc_cubin(host, sm, tmp_path, "/usr/local/cuda/bin/nvcc")
+    assert nvcc == "/usr/local/cuda-13.0/bin/nvcc"
+    assert f".{sm}.cubin" in listing
 
 
 def test_double_a_changed_source_updates_apt_once(host, double, apply) -> None:

@@ -86,21 +86,27 @@ def test_apply_then_reapply_reports_no_change(applied) -> None:
     assert "driver check skipped: nvidia-smi is not installed" in out
 
 
-@pytest.mark.parametrize(("host_type", "sm"), [("b300", "sm_103a"), ("rtx6000", "sm_120a")])
-def test_the_hosts_toolkit_compiles_for_its_arch(fresh_hosts, applied, tmp_path: Path, host_type: str, sm: str) -> None:
-    host = fresh_hosts[host_type]
+def nvcc_cubin(host: layout.SandboxHost, sm: str, tmp_path: Path, resolve: str) -> tuple[str, str]:
+    """tests/data/add.cu built for `sm` by the host's /usr/local/cuda nvcc: (`readlink -f resolve` on the host,
+    the cubin's ELF list by this machine's cuobjdump)."""
     proc = on(
         host,
         f"set -e; cat > /tmp/add.cu; /usr/local/cuda/bin/nvcc -cubin -arch={sm} -o /tmp/add.cubin /tmp/add.cu;"
-        " readlink -f /usr/local/cuda; cat /tmp/add.cubin >&2",
+        f" readlink -f {resolve}; cat /tmp/add.cubin >&2",
         stdin=(DATA / "add.cu").read_bytes(),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.decode().strip() == "/opt/dflash-provision/toolkits/cuda-13.0/nvidia/cu13"
     cubin = tmp_path / "add.cubin"
     cubin.write_bytes(proc.stderr)
     listing = subprocess.run([str(CUOBJDUMP), "--list-elf", str(cubin)], capture_output=True, text=True, check=True)
-    assert f".{sm}.cubin" in listing.stdout
+    return proc.stdout.decode().strip(), listing.stdout
+
+
+@pytest.mark.parametrize(("host_type", "sm"), [("b300", "sm_103a"), ("rtx6000", "sm_120a")])
+def test_the_hosts_toolkit_compiles_for_its_arch(fresh_hosts, applied, tmp_path: Path, host_type: str, sm: str) -> None:
+    home, listing = nvcc_cubin(fresh_hosts[host_type], sm, tmp_path, "/usr/local/cuda")
+    assert home == "/opt/dflash-provision/toolkits/cuda-13.0/nvidia/cu13"
+    assert f".{sm}.cubin" in listing
 
 
 def test_cuda_12_8_cannot_build_sm_103a(tmp_path: Path) -> None:
