@@ -6,11 +6,14 @@
                            caches (the wheels are downloaded and the FlashInfer modules built once per
                            run, for the whole fleet)
 
-Usage: .venv/bin/python bench/apply_speed.py [--repeat N] [--skip-warm] [--noop-only]
+Usage: .venv/bin/python bench/apply_speed.py [--repeat N] [--skip-warm] [--noop-only] [--mitogen]
 
 --noop-only measures the no-op re-apply alone, on the b300 sandbox host: it keeps one already up, applies
 once to settle it (a full apply on a fresh host) and leaves it up, so a before/after comparison of a role
 change can run on the same host (`provision sandbox down` when done).
+
+--mitogen runs the applies (not the floor) under mitogen's strategy (`pip install mitogen` first): a
+measured try, not the shipped configuration. PROVISION_SANDBOX_ID picks the sandbox, as for `provision sandbox`.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ PROVISION = str(BIN / "provision")
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
 
 
-def timed(*cmd: str) -> float:
+def timed(*cmd: str, env: dict[str, str] = ENV) -> float:
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
@@ -56,12 +59,22 @@ def apply_cold(state: Path, target: str) -> float:
         )  # fmt: skip
 
 
+def mitogen_env() -> dict[str, str]:
+    """The environment that runs ansible-playbook under mitogen's linear strategy."""
+    import ansible_mitogen  # noqa: PLC0415 - optional: only with --mitogen
+
+    plugins = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
+    return {**ENV, "ANSIBLE_STRATEGY_PLUGINS": str(plugins), "ANSIBLE_STRATEGY": "mitogen_linear"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-warm", action="store_true", help="the apt proxy's cache is warm already")
     parser.add_argument("--noop-only", action="store_true", help="only the no-op re-apply; leaves the host up")
+    parser.add_argument("--mitogen", action="store_true", help="the applies under mitogen's strategy (not the floor)")
     args = parser.parse_args()
+    apply_env = mitogen_env() if args.mitogen else ENV
     state = Path(tempfile.mkdtemp(prefix="bench-runs-"))
     inventory = str(layout.inventory_dir())  # this sandbox's (PROVISION_SANDBOX_ID)
 
@@ -81,8 +94,9 @@ def main() -> None:
     noop, plain, floor = [], [], []
     playbook = [str(BIN / "ansible-playbook"), "-i", inventory, "--limit", "b300-sbx"]
     for _ in range(args.repeat):
-        noop.append(timed(PROVISION, "apply", "--host", "b300-sbx", "--sandbox", "--state-dir", str(state)))
-        plain.append(timed(*playbook, "playbooks/b300.yml"))
+        apply = [PROVISION, "apply", "--host", "b300-sbx", "--sandbox", "--state-dir", str(state)]
+        noop.append(timed(*apply, env=apply_env))
+        plain.append(timed(*playbook, "playbooks/b300.yml", env=apply_env))
         floor.append(timed(*playbook, "bench/floor.yml"))
     if not args.noop_only:
         timed(PROVISION, "sandbox", "down")
