@@ -21,7 +21,7 @@ from provision import paths
 from provision.errors import InputError
 from provision.inventory.reader import Inventory
 from provision.planning.types import Plan
-from provision.remote.connection import Remote
+from provision.remote.connection import Remote, for_host
 
 SWITCH = paths.role_file("sglang_service", "service_switch.py")
 ARGCHECK = "/opt/dflash-provision/libexec/sglang_argcheck.py"
@@ -40,7 +40,7 @@ def trained_block_size(remote: Remote, plan: Plan) -> int | None:
     """The drafter's trained block size from its config.json on the host (model_store's drafter.json), if readable."""
     path = f"{plan.config.service.config_dir}/drafter.json"
     proc = remote.run(f"cat {shlex.quote(path)}", timeout=30)
-    if proc.returncode != 0:
+    if proc.return_code != 0:
         return None
     record = json.loads(proc.stdout)
     return int(record["block_size"]) if record.get("source") == "config.json" else None
@@ -50,16 +50,16 @@ def systemd_version(remote: Remote) -> int | None:
     """The host's systemd, which the unit is rendered for (as `provision apply` does)."""
     proc = remote.run("systemctl --version", timeout=30)
     words = proc.stdout.split()
-    return int(words[1]) if proc.returncode == 0 and len(words) > 1 and words[1].isdigit() else None
+    return int(words[1]) if proc.return_code == 0 and len(words) > 1 and words[1].isdigit() else None
 
 
 def check_with_parser(remote: Remote, plan: Plan) -> None:
     python = f"{plan.python_env.venv}/bin/python3"
     proc = remote.run(f"{shlex.quote(python)} {ARGCHECK} {shlex.quote(json.dumps(plan.server_args))}", timeout=120)
-    if proc.returncode == 1:
+    if proc.return_code == 1:
         verdict = json.loads(proc.stdout.strip().splitlines()[-1])
         raise InputError("--set", "", f"the SGLang build on {plan.host} refuses the new command: {verdict['error']}")
-    if proc.returncode != 0:
+    if proc.return_code != 0:
         raise InputError("", plan.host, f"cannot ask the installed SGLang's parser: {proc.stderr.strip()[-300:]}")
 
 
@@ -68,7 +68,7 @@ def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_u
     """Each host's new plan, its block size judged against the drafter's own config.json where readable."""
     out = []
     for host in inventory.hosts_for(target):
-        remote = Remote.from_vars(host, inventory.connection(host))
+        remote = for_host(inventory, host)
         extra: dict[str, Any] = {"serve.allow_untrained_depth": "true"} if allow_untrained else {}
         version = systemd_version(remote)
         if version is not None and "service.systemd_version" not in cli_set:
@@ -106,7 +106,7 @@ def switch(plan: Plan, remote: Remote) -> Outcome:
         result = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         result = {"status": "failed", "reason": f"the switch did not report: {proc.stderr.strip()[-500:]}"}
-    return Outcome(plan.host, proc.returncode, result)
+    return Outcome(plan.host, proc.return_code, result)
 
 
 def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_untrained: bool, serial: int | None,
@@ -120,6 +120,8 @@ def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], allo
     outcomes: list[Outcome] = []
     for start in range(0, len(hosts), batch):
         group = hosts[start : start + batch]
+        # a thread per host's Connection, as Fabric's ThreadingGroup does, which runs one command line on all
+        # hosts: each host's switch carries its own plan
         with ThreadPoolExecutor(max_workers=len(group)) as pool:
             outcomes += list(pool.map(lambda pair: switch(*pair), group))
         if any(o.code != 0 for o in outcomes):
@@ -151,13 +153,13 @@ def _report(outcome: Outcome, console: Console) -> None:
 def status(inventory: Inventory, target: str, console: Console) -> int:
     code = 0
     for plan in inventory.plans(target, {}):
-        remote = Remote.from_vars(plan.host, inventory.connection(plan.host))
+        remote = for_host(inventory, plan.host)
         svc = plan.config.service
         job = {"name": svc.name, "state_dir": STATE_DIR, "api_key_file": plan.config.serve.api_key_file,
                "url": f"http://{plan.service_address}:{plan.config.serve.port}"}  # fmt: skip
         payload = base64.b64encode(json.dumps(job).encode()).decode()
         proc = remote.run(f"python3 - status {payload}", stdin=SWITCH.read_text(), timeout=60)
-        if proc.returncode != 0:
+        if proc.return_code != 0:
             console.print(f"{plan.host}: cannot read the state: {proc.stderr.strip()[-300:]}")
             code = 1
             continue
@@ -185,9 +187,9 @@ def _summary(config: dict[str, Any] | None) -> str:
 def logs(inventory: Inventory, target: str, lines: int, follow: bool) -> int:
     code = 0
     for plan in inventory.plans(target, {}):
-        remote = Remote.from_vars(plan.host, inventory.connection(plan.host))
+        remote = for_host(inventory, plan.host)
         follow_flag = " -f" if follow else ""
         code |= remote.stream(
-            f"journalctl -u {shlex.quote(plan.config.service.name)} -n {lines} --no-pager{follow_flag}"
+            f"journalctl -u {shlex.quote(plan.config.service.name)} -n {lines} --no-pager{follow_flag}", follow
         )
     return code

@@ -16,9 +16,6 @@ import asyncio
 import contextlib
 import json
 import shlex
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +27,8 @@ from rich.console import Console
 from provision.errors import InputError
 from provision.files import write_atomic
 from provision.inventory.reader import Inventory
-from provision.planning.planner import url_host
 from provision.planning.types import Plan
-from provision.remote.connection import Remote
+from provision.remote.connection import Remote, for_host
 from provision.remote.reconfigure import check_with_parser, plan_new, switch
 from provision.sweep import coding, load
 from provision.sweep.matrix import GridCell, Matrix, SweepConfig, load_matrix
@@ -44,30 +40,12 @@ CODING = "coding"
 
 @contextlib.contextmanager
 def tunnel(remote: Remote, plan: Plan) -> Iterator[str]:
-    """The server's URL as the control node reaches it: an ssh forward to the host's loopback address."""
-    port = plan.config.serve.port
-    if not remote.argv:
+    """The server's URL as the control node reaches it: a forward over the host's connection to its loopback address."""
+    if remote.local:
         yield plan.service_url
         return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        local = probe.getsockname()[1]
-    forward = f"127.0.0.1:{local}:{url_host(plan.service_address)}:{port}"
-    ssh = [remote.argv[0], "-N", "-o", "ExitOnForwardFailure=yes", "-L", forward, *remote.argv[1:]]
-    proc = subprocess.Popen(ssh, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", local), timeout=1):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"cannot forward to {plan.host}:{port}: {err.strip()[-300:]}")
-            time.sleep(0.1)
+    with remote.forward(plan.service_address, plan.config.serve.port) as local:
         yield f"http://127.0.0.1:{local}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def api_key(remote: Remote, plan: Plan) -> str | None:
@@ -80,7 +58,7 @@ def api_key(remote: Remote, plan: Plan) -> str | None:
 
 def has_bench_serving(remote: Remote, plan: Plan) -> bool:
     python = f"{plan.python_env.venv}/bin/python3"
-    return remote.run(f"{shlex.quote(python)} -c 'import sglang.bench_serving'", timeout=120).returncode == 0
+    return remote.run(f"{shlex.quote(python)} -c 'import sglang.bench_serving'", timeout=120).return_code == 0
 
 
 @dataclass(frozen=True)
@@ -98,7 +76,7 @@ def bench_probe(remote: Remote, plan: Plan, placeholder: bool) -> BenchTool | No
     python = f"{plan.python_env.venv}/bin/python3"
     flag = " --placeholder" if placeholder else ""
     proc = remote.run(f"{shlex.quote(python)} - probe{flag}", stdin=load.DRIVER.read_text(), timeout=300)
-    if proc.returncode != 0:
+    if proc.return_code != 0:
         return None
     report = load.driver_report(proc.stdout)
     return BenchTool(python, str(report["version"]), bool(report["placeholders"]))
@@ -115,7 +93,7 @@ def measure(remote: Remote, plan: Plan, url: str, key: str | None, cell: GridCel
     argv = load.driver_argv(bench.python, args, "SGLANG_DFLASH_API_KEY" if key else None, 1, bench.placeholder)
     secrets = f"set -a; . {plan.config.service.config_dir}/secrets.env; set +a; " if key else ""
     proc = remote.run(f"rm -f {out}; {secrets}{shlex.join(argv)}", stdin=load.DRIVER.read_text(), timeout=3600)
-    if proc.returncode != 0:
+    if proc.return_code != 0:
         raise RuntimeError(f"bench_serving failed: {(proc.stderr.strip() or proc.stdout.strip())[-500:]}")
     command = f"{shlex.join(argv)} < provision/sweep/bench_driver.py"
     return load.parse_bench_serving(load.driver_report(proc.stdout), prompts=cell.prompts, command=command)
@@ -230,7 +208,7 @@ def sweep(inventory: Inventory, host: str, matrix_path: Path, out_dir: Path, res
     out_dir.mkdir(parents=True, exist_ok=True)
     results = Results(results_path)
     [plan] = plans
-    remote = Remote.from_vars(plan.host, inventory.connection(plan.host))
+    remote = for_host(inventory, plan.host)
     start = _start_config(out_dir / "start.json", remote, plan)
     (out_dir / "matrix.json").write_text(matrix.model_dump_json(indent=2))
     try:
