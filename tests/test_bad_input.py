@@ -157,7 +157,7 @@ SYSTEM_PATHS = [
     (["service.user=root"], ["service.user", "not root"]),
     (["service.name=ssh"], ["service.name", "a unit of the host itself"]),
     (["service.name=nvidia-persistenced"], ["service.name", "a unit of the host itself"]),
-    (["serve.mem_fraction=.nan"], ["serve.mem_fraction", "finite number"]),
+    (["serve.mem_fraction=.nan"], ["serve.mem_fraction", "valid number"]),  # YAML 1.2 JSON schema: text
     (["serve.context_length=100000000000000"], ["serve.context_length", "less than or equal to 10000000"]),
     (["serve.ddtree.budget=1000000000"], ["serve.ddtree.budget", "less than or equal to 4096"]),
 ]

@@ -41,7 +41,7 @@ configs:
     set:
       serve.algorithm: DDTREE
       serve.ddtree.budget: 8
-      serve.ddtree.topk: "4"        # text is parsed to the field's type, as with --set
+      serve.ddtree.topk: 4          # typed by YAML: a quoted "4" is text, refused for an integer
       serve.draft_window: 2048
   - name: b16.deep
     set: {serve.block_size: 16, serve.draft_window: null, serve.extra_args: [--foo, "1"]}
@@ -176,7 +176,7 @@ def test_shipped_quick_sweep() -> None:
 
 
 def _argv_of(plan_json: Callable[..., dict], host: str, config_set: dict, *extra: str) -> list[str]:
-    sets = [f"{k}={'null' if v is None else v}" for k, v in config_set.items()]
+    sets = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in config_set.items()]
     plan = plan_json("--host", host, *extra, *[x for s in sets for x in ("--set", s)])
     return plan["argv"]
 

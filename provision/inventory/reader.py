@@ -6,6 +6,7 @@ import io
 import os
 import re
 import stat
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
@@ -20,22 +21,33 @@ from provision.errors import InputError
 # An inventory Ansible cannot parse must be an error, not a warning and an empty host list.
 os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
 os.environ.setdefault("ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED", "True")
-# Forced, not defaults: a key given twice is a mistake, never "the last one wins"; and only the YAML plugin
-# reads inventories (the ini plugin takes any text file, a key file included, for a host list; the script
-# plugin runs executables). The environment is inherited by the ansible-playbook that `apply` starts.
-os.environ["ANSIBLE_DUPLICATE_YAML_DICT_KEY"] = "error"
+# Forced, not defaults: only the YAML plugin reads inventories (the ini plugin takes any text file, a key file
+# included, for a host list; the script plugin runs executables). A key given twice is refused by check_files,
+# which knows YAML's merge keys: Ansible's own check counts a key that overrides a merged one (`<<: *base`) as a
+# duplicate, so it is told to keep quiet. The environment is inherited by the ansible-playbook that `apply` starts.
+os.environ["ANSIBLE_DUPLICATE_YAML_DICT_KEY"] = "ignore"
 os.environ["ANSIBLE_INVENTORY_ENABLED"] = "yaml"
+# The configuration the play runs under (apply forces it on ansible-playbook): an ansible.cfg in the working
+# directory, ~/.ansible.cfg or $ANSIBLE_CONFIG would otherwise change what plan resolves and not what apply does.
+# (Inside a running ansible-playbook, Ansible is configured already and its own configuration stands.)
+_OWN_PROCESS = "ansible.constants" not in sys.modules
+if _OWN_PROCESS:
+    os.environ["ANSIBLE_CONFIG"] = str(paths.ansible_config())
 
 import ansible.constants as C  # noqa: E402
 from ansible.errors import AnsibleError  # noqa: E402
 from ansible.inventory.manager import IGNORED, InventoryManager  # noqa: E402
 from ansible.parsing.dataloader import DataLoader  # noqa: E402
 from ansible.template import Templar  # noqa: E402
+from ansible.vars.hostvars import HostVars as AnsibleHostVars  # noqa: E402
 from ansible.vars.manager import VariableManager  # noqa: E402
+
+if _OWN_PROCESS and C.CONFIG_FILE != os.environ["ANSIBLE_CONFIG"]:
+    raise RuntimeError(f"Ansible read {C.CONFIG_FILE}, not provision's {os.environ['ANSIBLE_CONFIG']}")
 
 from provision.model.deployment import RuleError  # noqa: E402
 from provision.planning.planner import check_instances  # noqa: E402
-from provision.planning.resolve import HostVars, origin_of, plan_host  # noqa: E402
+from provision.planning.resolve import HostVars, origin_of, resolve_host  # noqa: E402
 from provision.planning.types import Plan
 
 
@@ -114,6 +126,34 @@ def _check_aliases(path: Path, text: str) -> None:
                 )
     except yaml.YAMLError:
         return  # not YAML: Ansible's parser says where, with its own message
+
+
+def _check_duplicate_keys(path: Path, text: str) -> None:
+    """A key given twice in one mapping is refused; a key that overrides one merged in by `<<` is YAML's merge."""
+    try:
+        root = yaml.compose(text, Loader=yaml.CSafeLoader)
+    except yaml.YAMLError:
+        return  # not YAML: said elsewhere, with the parser's own message
+    seen_nodes: set[int] = set()
+    todo = [root] if root is not None else []
+    while todo:
+        node = todo.pop()
+        if id(node) in seen_nodes:  # an alias is the same node again: walked once
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in keys:
+                        raise InputError(
+                            f"{path}:{key.start_mark.line + 1}", key.value, "given twice in one mapping; give each "
+                            "key once (a key may override one merged in with <<)"
+                        )
+                    keys.add(key.value)
+                todo += [key, value]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += node.value
 
 
 GROUP_KEYS = {"hosts", "vars", "children"}
@@ -199,6 +239,7 @@ def _check_inventory_dir(directory: Path, seen: set[tuple[int, int]]) -> None:
             )
         text = _read(path, st, "an inventory file must be a regular file")
         _check_aliases(path, text)
+        _check_duplicate_keys(path, text)
         _check_structure(path, text)
 
 
@@ -221,7 +262,9 @@ def _check_vars_tree(directory: Path, seen: set[tuple[int, int]]) -> None:
             _check_vars_tree(path, seen)
         elif path.suffix in YAML_SUFFIXES:
             what = "a vars file must be a regular file (a directory of vars files is named without an extension)"
-            _check_aliases(path, _read(path, st, what))
+            text = _read(path, st, what)
+            _check_aliases(path, text)
+            _check_duplicate_keys(path, text)
 
 
 def check_files(path: Path) -> None:
@@ -234,6 +277,7 @@ def check_files(path: Path) -> None:
     else:
         text = _read(path, st, "pass an inventory directory or YAML file")
         _check_aliases(path, text)
+        _check_duplicate_keys(path, text)
         _check_structure(path, text)
         base = path.parent
     for tree in ("group_vars", "host_vars"):
@@ -275,6 +319,8 @@ class Inventory:
         except AnsibleError as err:
             raise self._unparsed(err) from None
         self.variables = VariableManager(loader=self.loader, inventory=self.manager)
+        # every host's variables, templated on access under that host's own: the play's `hostvars`
+        self.all_hostvars = AnsibleHostVars(inventory=self.manager, variable_manager=self.variables, loader=self.loader)
 
     def _unparsed(self, err: AnsibleError) -> InputError:
         """Ansible only says which source failed (the reason went to warnings): re-read it for the reason."""
@@ -323,7 +369,9 @@ class Inventory:
         keys: set[str] = set()
         for file in self.loader.find_vars_files(str(base / "group_vars"), group):
             try:
-                data = self.loader.load_from_file(file, unsafe=True)
+                # uncached: the loader's cache would hand the vars plugin this parse, not trusted as a template,
+                # and plan would show `{{ ... }}` literally where the play renders it
+                data = self.loader.load_from_file(file, cache="none", unsafe=True)
             except AnsibleError as err:
                 source, text = _ansible_message(err)
                 raise _refusal(source or file, "cannot parse the group's variables", text) from None
@@ -365,7 +413,7 @@ class Inventory:
     def _raw_vars(self, host: str) -> dict[str, Any]:
         try:
             with _quiet_ansible():
-                return self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=False)
+                return self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=True)
         except AnsibleError as err:
             source, text = _ansible_message(err)
             raise _refusal(source or str(self.path), f"cannot read variables of {host}", text) from None
@@ -378,10 +426,8 @@ class Inventory:
                 "ansible_ssh_common_args")  # fmt: skip
         return {k: str(templar.template(raw[k])) for k in keys if raw.get(k) is not None}
 
-    def addresses(self) -> dict[str, str]:
-        return {h.name: str(h.vars.get("ansible_host", h.name)) for h in self.manager.get_hosts()}
-
-    def hostvars(self, host: str, cli_set: dict[str, Any]) -> HostVars:
+    def plan(self, host: str, cli_set: dict[str, Any], cli_text: dict[str, str] | None = None) -> Plan:
+        """The host's plan through the play's own path: Ansible's variables for it, templated as the play does."""
         raw = self._raw_vars(host)
         templar = Templar(loader=self.loader, variables=raw)
 
@@ -392,13 +438,18 @@ class Inventory:
                 _, text = _ansible_message(err)
                 raise InputError(str(self.path), "", f"cannot template a variable of {host}: {text}") from None
 
-        return HostVars(host, raw, template, fallback=f"{self.path} (host {host})", cli_set=cli_set)
+        return resolve_host(host, raw, template, fallback=f"{self.path} (host {host})", cli_set=cli_set,
+                            cli_text=cli_text)  # fmt: skip
 
-    def plans(self, target: str, cli_set: dict[str, Any]) -> list[Plan]:
-        addresses = self.addresses()
-        plans = [
-            plan_host(self.hostvars(host, cli_set), self.groups_of(host), addresses) for host in self.hosts_for(target)
-        ]
+    def hostvars(self, host: str) -> HostVars:
+        """The host's variables as the resolver reads them (day-2 connection settings)."""
+        raw = self._raw_vars(host)
+        templar = Templar(loader=self.loader, variables=raw)
+        return HostVars(host, raw, templar.template, fallback=f"{self.path} (host {host})")
+
+    def plans(self, target: str, cli_set: dict[str, Any], cli_text: dict[str, str] | None = None) -> list[Plan]:
+        """cli_set: typed overrides (overrides.parse_set for `--set` text); cli_text: that text, for messages."""
+        plans = [self.plan(host, cli_set, cli_text) for host in self.hosts_for(target)]
         try:
             check_instances(plans)
         except RuleError as err:

@@ -6,6 +6,8 @@ fact, so both paths act on one decision.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from provision.model.deployment import Deployment, RuleError, check_init_addr
 from provision.model.tables import builds, compat, version_tuple
 from provision.planning.render import argv_for, env_file_text, launcher, unit_text
@@ -169,7 +171,7 @@ def flashinfer_arch(arch: str, cuda_version: str) -> str:
     return arch + ("a" if cc >= (9, 0) else "")
 
 
-def plan_nodes(dep: Deployment, host: str, addresses: dict[str, str]) -> NodePlan | None:
+def plan_nodes(dep: Deployment, host: str, addresses: Mapping[str, str]) -> NodePlan | None:
     if dep.multinode is None:
         return None
     nodes = dep.multinode.nodes
@@ -187,7 +189,7 @@ def plan_nodes(dep: Deployment, host: str, addresses: dict[str, str]) -> NodePla
 
 
 def build_plan(
-    dep: Deployment, host: str, groups: list[str], addresses: dict[str, str], notes: list[str] | None = None
+    dep: Deployment, host: str, groups: list[str], addresses: Mapping[str, str], notes: list[str] | None = None
 ) -> Plan:
     """addresses: inventory host name -> the address it is reached at (for multi-node init); notes: what
     the caller found worth saying (settings without effect)."""

@@ -63,25 +63,25 @@ def check_with_parser(remote: Remote, plan: Plan) -> None:
         raise InputError("", plan.host, f"cannot ask the installed SGLang's parser: {proc.stderr.strip()[-300:]}")
 
 
-def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_untrained: bool,
-             console: Console) -> list[tuple[Plan, Remote]]:  # fmt: skip
+def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_text: dict[str, str],
+             allow_untrained: bool, console: Console) -> list[tuple[Plan, Remote]]:  # fmt: skip
     """Each host's new plan, its block size judged against the drafter's own config.json where readable."""
     out = []
     for host in inventory.hosts_for(target):
         remote = for_host(inventory, host)
-        extra: dict[str, Any] = {"serve.allow_untrained_depth": "true"} if allow_untrained else {}
+        extra: dict[str, Any] = {"serve.allow_untrained_depth": True} if allow_untrained else {}
         version = systemd_version(remote)
         if version is not None and "service.systemd_version" not in cli_set:
             extra["service.systemd_version"] = version
-        inventory_side = inventory.plans(host, {**cli_set, **extra, "serve.allow_untrained_depth": "true"})[0]
+        inventory_side = inventory.plans(host, {**cli_set, **extra, "serve.allow_untrained_depth": True}, cli_text)[0]
         trained = trained_block_size(remote, inventory_side)
         claimed = inventory_side.config.drafter.block_size if inventory_side.config.drafter else None
         if trained is not None and claimed is not None and trained != claimed:
             console.print(f"{host}: the drafter's config.json says block size {trained} "
                           f"(the inventory says {claimed}); using {trained}")  # fmt: skip
         if trained is not None:
-            extra["drafter.block_size"] = str(trained)
-        new = inventory.plans(host, {**cli_set, **extra})[0]
+            extra["drafter.block_size"] = trained
+        new = inventory.plans(host, {**cli_set, **extra}, cli_text)[0]
         if allow_untrained and new.config.drafter and new.config.serve.block_size > new.config.drafter.block_size:
             size, trained_at = new.config.serve.block_size, new.config.drafter.block_size
             console.print(f"[yellow]warning[/]: {host}: block size {size} asks for depths the drafter "
@@ -109,11 +109,11 @@ def switch(plan: Plan, remote: Remote) -> Outcome:
     return Outcome(plan.host, proc.return_code, result)
 
 
-def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_untrained: bool, serial: int | None,
-                console: Console) -> int:  # fmt: skip
+def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_text: dict[str, str],
+                allow_untrained: bool, serial: int | None, console: Console) -> int:  # fmt: skip
     if not cli_set:
         raise InputError("--set", "", "give at least one KEY=VALUE to change, like serve.ddtree.budget=12")
-    hosts = plan_new(inventory, target, cli_set, allow_untrained, console)
+    hosts = plan_new(inventory, target, cli_set, cli_text, allow_untrained, console)
     for plan, remote in hosts:  # every host is judged before any is touched
         check_with_parser(remote, plan)
     batch = serial or len(hosts)
