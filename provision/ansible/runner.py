@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -33,6 +34,9 @@ class Progress:
 
     def __init__(self, console: Console) -> None:
         self.console = console
+        # each host's last resolved plan: the play resolves again for the host's own systemd, and the roles
+        # act on that one
+        self.resolved: dict[str, dict[str, Any]] = {}
 
     def __call__(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
@@ -43,6 +47,8 @@ class Progress:
             self.console.print(Text("  TASK ", style="bold").append(data.get("task", ""), style=""))
         elif kind.startswith("runner_on_") and kind != "runner_on_start":
             res = data.get("res", {})
+            if kind == "runner_on_ok" and "dflash_plan" in res.get("ansible_facts", {}):
+                self.resolved[data.get("host", "")] = res["ansible_facts"]["dflash_plan"]
             status = {
                 "runner_on_ok": "changed" if res.get("changed") else "ok",
                 "runner_on_failed": "ignored" if data.get("ignore_errors") else "failed",
@@ -65,12 +71,16 @@ class Progress:
         return True
 
 
-def record_plans(plans: list[Plan], run_dir: Path) -> None:
-    """What was decided for each host, next to ansible-runner's artifacts of the same run."""
+def record_plans(plans: list[Plan], run_dir: Path, resolved: dict[str, dict[str, Any]] | None = None) -> None:
+    """What was decided for each host, next to ansible-runner's artifacts of the same run: the CLI's plan before
+    the run, then the one the play resolved last for the host (rendered for its own systemd), which the roles
+    applied."""
     plan_dir = run_dir / "plans"
     plan_dir.mkdir(parents=True, exist_ok=True)
     for plan in plans:
-        write_atomic(plan_dir / f"{plan.host}.json", plan.model_dump_json(indent=2) + "\n")
+        played = (resolved or {}).get(plan.host)
+        text = json.dumps(played, indent=2) if played is not None else plan.model_dump_json(indent=2)
+        write_atomic(plan_dir / f"{plan.host}.json", text + "\n")
 
 
 def run_playbook(
@@ -97,6 +107,7 @@ def run_playbook(
         cmdline += ["--tags", tags]
     shown = playbook.relative_to(paths.data_dir())
     console.print(f"playbook {shown}, inventory {inventory}, run record {run_dir}", style="dim", markup=False)
+    progress = Progress(console)
     runner = ansible_runner.run(
         private_data_dir=str(run_dir),
         project_dir=str(paths.data_dir()),
@@ -109,9 +120,10 @@ def run_playbook(
             # this environment's ansible-playbook first, whatever PATH says
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         },
-        event_handler=Progress(console),
+        event_handler=progress,
         quiet=True,
     )
+    record_plans(plans, run_dir, progress.resolved)
     print_recap(runner.stats or {}, console)
     if runner.rc != 0 and not runner.stats:
         console.print(f"[bold red]ansible-playbook failed (rc {runner.rc}):[/]")

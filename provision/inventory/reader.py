@@ -48,7 +48,7 @@ if _OWN_PROCESS and C.CONFIG_FILE != os.environ["ANSIBLE_CONFIG"]:
 from provision.model.deployment import RuleError  # noqa: E402
 from provision.planning.planner import check_instances  # noqa: E402
 from provision.planning.resolve import HostVars, origin_of, resolve_host  # noqa: E402
-from provision.planning.types import Plan
+from provision.planning.types import Plan  # noqa: E402
 
 
 def _ansible_message(err: BaseException) -> tuple[str, str]:
@@ -147,8 +147,9 @@ def _check_duplicate_keys(path: Path, text: str) -> None:
                 if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
                     if key.value in keys:
                         raise InputError(
-                            f"{path}:{key.start_mark.line + 1}", key.value, "given twice in one mapping; give each "
-                            "key once (a key may override one merged in with <<)"
+                            f"{path}:{key.start_mark.line + 1}",
+                            key.value,
+                            "given twice in one mapping; give each key once (a key may override one merged in with <<)",
                         )
                     keys.add(key.value)
                 todo += [key, value]
