@@ -3,8 +3,8 @@
 Standalone: it imports sglang, not this package.
   table  print the parser as JSON (what provision/data/sglang_parsers.yml holds for the release)
   yaml   print the same as the YAML block of sglang_parsers.yml (to regenerate the file)
-  serve  read one JSON argv per line, answer {"ok", "dests", "error"}: which destinations the
-         parser sets (values are not converted or checked: the grammar is what is compared)
+  serve  read one JSON argv per line, answer {"ok", "set", "error"}: the destinations the parser
+         sets and their values (not converted or checked: the grammar is what is compared)
 """
 
 import argparse
@@ -87,13 +87,13 @@ def serve():
         try:
             namespace = built.parse_args(json.loads(line))
         except _Refused as err:
-            answer = {"ok": False, "dests": [], "error": str(err)}
+            answer = {"ok": False, "set": {}, "error": str(err)}
         except SystemExit:  # -h prints the help and exits
-            answer = {"ok": False, "dests": [], "error": "exit"}
+            answer = {"ok": False, "set": {}, "error": "exit"}
         else:
-            dests = sorted(k for k, v in vars(namespace).items() if v is not unset)
-            answer = {"ok": True, "dests": dests, "error": None}
-        print(json.dumps(answer), flush=True)
+            chosen = {k: v for k, v in vars(namespace).items() if v is not unset}
+            answer = {"ok": True, "set": chosen, "error": None}
+        print(json.dumps(answer, default=str), flush=True)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def _check_left_over(dep: Deployment, grammar: Grammar, word: str) -> None:
     unknown_option = grammar.name(word) is not None
     if dep.sglang.source != "release":
         if unknown_option and SECRET_NAME.search(word.split("=", 1)[0]):
-            raise RuleError("serve.extra_args", f"{word.split('=', 1)[0]} looks like a secret; {_NO_SECRETS}")
+            raise RuleError("serve.extra_args", f"{word.split('=', 1)[0]} looks like a secret: {_NO_SECRETS}")
         return
     release = dep.sglang.release_name
     if unknown_option:
@@ -152,10 +152,12 @@ def _check_left_over(dep: Deployment, grammar: Grammar, word: str) -> None:
 
 def _check_option(dep: Deployment, found: Occurrence, owned: dict[str, tuple[str, str]]) -> None:
     flag, dest = found.word.split("=", 1)[0], found.option.dest
+    # an abbreviation or a glued value: say which option SGLang reads it as
+    named = flag if flag == found.spelled else f"{flag} (SGLang reads {found.spelled})"
     if dest in TAKEOVER:
-        raise RuleError("serve.extra_args", f"{flag} is {found.spelled}: {TAKEOVER[dest]}")
+        raise RuleError("serve.extra_args", f"{named}: {TAKEOVER[dest]}")
     if found.option.secret:
-        raise RuleError("serve.extra_args", f"{flag} is {found.spelled}, a secret; {_NO_SECRETS}")
+        raise RuleError("serve.extra_args", f"{named} is a secret: {_NO_SECRETS}")
     if dest in owned:
         hit, field = owned[dest]
         raise RuleError(
@@ -165,13 +167,13 @@ def _check_option(dep: Deployment, found: Occurrence, owned: dict[str, tuple[str
         field = DECIDED[dest]
         raise RuleError(
             "serve.extra_args",
-            f"{flag} is {found.spelled}, which the deployment decides from {field}; set {field} instead",
+            f"{named} sets {dest}, which the deployment decides from {field}; set {field} instead",
         )
     port = dep.serve.port
     if dest.endswith("port") and any(_integer(v) == port for v in found.values):
         raise RuleError(
             "serve.extra_args",
-            f"{flag} would take serve.port ({port}), where the HTTP server listens; pick another port",
+            f"{named} would take serve.port ({port}), where the HTTP server listens; pick another port",
         )
 
 
