@@ -3,9 +3,10 @@
 SGLang builds a plain argparse.ArgumentParser (allow_abbrev on, prefix "-", no positionals), so a word
 names an option exactly, as an unambiguous prefix of one (`--admin-api-k`), with its value after "="
 (`--port=1`), or as `-h` with more letters glued on; "--" ends the options. This follows CPython
-3.11's argparse (_parse_optional, _get_option_tuples, consume_optional), the Python SGLang's venv
-runs; tests/test_sglang_parser.py compares it with the installed parser on random command lines.
-Values are not converted or checked: the build's own parser does that on the host.
+3.11's argparse (_parse_optional, _get_option_tuples, consume_optional); tests/test_sglang_parser.py
+compares it with the installed parser, case by case and on random command lines. Values are not
+converted or checked: the build's own parser does that on the host before the service is touched
+(roles/sglang/files/sglang_argcheck.py), whatever Python the build runs.
 """
 
 from __future__ import annotations
