@@ -174,5 +174,5 @@ def test_any_set_text_is_refused_or_rendered_faithfully(item: str) -> None:
     )
 )
 def test_extra_args_words_read_back_exactly(word: str) -> None:
-    rc, out, err = plan("serve.extra_args=" + json.dumps(["--served-model-name-x", word]))
+    rc, out, err = plan("serve.extra_args=" + json.dumps(["--chat-template", word]))
     check(rc, out, err)
