@@ -538,3 +538,19 @@ def test_loadgen_counts_refused_requests(standin: str) -> None:
     assert (result.completed, result.failed) == (0, 2)
     assert result.output_tok_s == 0 and result.accept_length is None
     assert any("401" in e for e in result.errors)
+
+
+def test_server_info_is_recorded_without_secrets() -> None:
+    """SGLang's /get_server_info returns its server_args, API keys included: a sweep record never keeps them."""
+    from provision.sweep.load import redacted
+
+    info = {"api_key": "sk-live", "admin_api_key": "adm-9f", "port": 30000, "ssl_keyfile_password": None,
+            "launch_command": "--port 30000 --api-key sk-cmd --admin-api-key=sk-eq", "argv": ["--api-key", "sk-argv"],
+            "internal_states": [{"api_key": "nested", "avg_spec_accept_length": 3.1}]}  # fmt: skip
+    out = redacted(info)
+    assert not any(s in json.dumps(out) for s in ("sk-live", "adm-9f", "nested", "sk-cmd", "sk-eq", "sk-argv"))
+    assert out["port"] == 30000 and out["ssl_keyfile_password"] is None
+    assert out["internal_states"][0]["avg_spec_accept_length"] == 3.1
+    shipped = (Path(__file__).resolve().parent.parent / "docs" / "sweep-quick" / "results.jsonl").read_text()
+    assert all(json.loads(line)["server_info"].get("api_key") in (None, "(redacted)")
+               for line in shipped.splitlines() if line.strip() and json.loads(line).get("server_info"))  # fmt: skip
