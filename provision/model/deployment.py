@@ -283,15 +283,27 @@ class SglangBuild(Section):
     def _source_complete(self) -> SglangBuild:
         table = builds()
         if self.source == "git" and not self.git_ref:
-            raise RuleError("sglang.git_ref", "required when source is git (a branch, tag, commit or refs/pull/N/head)")
+            raise RuleError(
+                "sglang.git_ref",
+                "sglang.git_ref is required when source is git (a branch, tag, commit or refs/pull/N/head)",
+                ("sglang.source",),
+            )
         if self.source == "wheel" and not self.wheel:
-            raise RuleError("sglang.wheel", "required when source is wheel (a path or URL of the .whl)")
+            raise RuleError(
+                "sglang.wheel",
+                "sglang.wheel is required when source is wheel (a path or URL of the .whl)",
+                ("sglang.source",),
+            )
         release = self.release_name
         if release not in table.releases:
             field = "sglang.version" if self.source == "release" else "sglang.base_release"
             raise RuleError(field, f"unknown release {release!r}; known: {', '.join(table.releases)}")
         if self.source != "release" and self.dialect is None:
-            raise RuleError("sglang.dialect", f"required for a {self.source} build; known: {', '.join(table.dialects)}")
+            raise RuleError(
+                "sglang.dialect",
+                f"sglang.dialect is required for a {self.source} build; known: {', '.join(table.dialects)}",
+                ("sglang.source",),
+            )
         if self.dialect is not None and self.dialect not in table.dialects:
             raise RuleError("sglang.dialect", f"unknown dialect {self.dialect!r}; known: {', '.join(table.dialects)}")
         own = table.releases[release].dialect
@@ -329,9 +341,17 @@ class ModelFiles(Section):
     def _source_complete(self) -> ModelFiles:
         section = "drafter" if isinstance(self, Drafter) else "model"
         if self.source == "huggingface" and not self.repo:
-            raise RuleError(f"{section}.repo", "required when source is huggingface (like org/name)")
+            raise RuleError(
+                f"{section}.repo",
+                f"{section}.repo is required when source is huggingface (like org/name)",
+                (f"{section}.source",),
+            )
         if self.source == "copy" and not self.copy_from:
-            raise RuleError(f"{section}.copy_from", "required when source is copy (a directory on the control node)")
+            raise RuleError(
+                f"{section}.copy_from",
+                f"{section}.copy_from is required when source is copy (a directory on the control node)",
+                (f"{section}.source",),
+            )
         return self
 
 
@@ -719,7 +739,9 @@ class Deployment(Section):
         if serve.pp > 1:
             raise RuleError("serve.pp", f"{serve.algorithm} does not support pipeline parallelism; allowed: 1")
         if self.drafter is None:
-            raise RuleError("drafter", f"{serve.algorithm} needs a drafter (path and trained block_size)")
+            raise RuleError(
+                "drafter", f"{serve.algorithm} needs a drafter (path and trained block_size)", ("serve.algorithm",)
+            )
         if serve.draft_window is not None and serve.draft_window < serve.block_size:
             raise RuleError(
                 "serve.draft_window",
