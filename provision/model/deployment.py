@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from provision.model.tables import builds, compat, parsers, version_tuple
+from provision.model.translate import kind
 
 CUDA_VERSION = r"^\d+\.\d+$"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -201,6 +202,14 @@ GitUrl = Annotated[str, AfterValidator(lambda v: _url(v, ("https", "http", "ssh"
 Pep440 = Annotated[str, AfterValidator(_pep440)]
 
 
+def _version_text(value: object) -> str:
+    """A version as text: YAML reads 12.10 as the number 12.1, so a number is refused, never converted."""
+    if not isinstance(value, str):
+        shown = f" {value}" if isinstance(value, (int, float)) else ""
+        raise ValueError(f'must be a string, like "12.0" (quoted in YAML), got {kind(value)}{shown}')
+    return value
+
+
 class GpuProfile(Section):
     model: str = Field(min_length=1)
     arch: str = Field(description='compute capability, like "12.0"')
@@ -211,7 +220,7 @@ class GpuProfile(Section):
     @field_validator("arch", mode="before")
     @classmethod
     def _known_arch(cls, value: object) -> str:
-        text = str(value)
+        text = _version_text(value)
         known = compat().archs
         if text not in known:
             raise ValueError(f"unknown compute capability {text!r}; known: {', '.join(known)}")
@@ -244,7 +253,7 @@ class CudaSpec(Section):
     def _known_toolkit(cls, value: object) -> str | None:
         if value is None:
             return None
-        text = str(value)
+        text = _version_text(value)
         known = compat().toolkits
         if text not in known:
             raise ValueError(f"unsupported toolkit {text!r}; supported: {', '.join(known)}")

@@ -26,7 +26,7 @@ PATTERN_WORDS = {
 # pydantic's errors that name a class ("a valid dictionary or instance of DDTree"): a mapping, in the user's words
 MAPPING_TYPES = ("model_type", "model_attributes_type", "dict_type")
 # what only pydantic or Python would say: a class path, a validator's name, an Ansible type
-_INTERNAL = re.compile(r"function-|lambda|Tagged|<class|\b[a-z_]+\.[a-z_]+\.[A-Za-z_]+\b|\[|\]")
+_INTERNAL = re.compile(r"function-|lambda|Tagged|<class|\b(provision|pydantic|ansible)\.\w|instance of|\[|\]")
 
 
 def unwrap(annotation: Any) -> list[Any]:
