@@ -101,7 +101,7 @@ BAD = [
     # strict like the deployment: YAML's yes is no concurrency
     ("configs:\n  - name: a\ngrid:\n  - {concurrency: yes, input_tokens: 60}\n", 4, "grid[0].concurrency",
      ["valid integer", "got True"]),
-    ("configs:\n  - name: a b\n", 2, "configs[0].name", ["pattern", "'a b'"]),
+    ("configs:\n  - name: a b\n", 2, "configs[0].name", ["letters, digits and _ . -", "'a b'"]),
     ("configs:\n  - name: a\n  - name: b\n  - name: a\n", 4, "configs[2].name", ["'a'", "configs[0]"]),
     ("configs:\n  - name: a\n    sets: {}\n", 3, "configs[0].sets",
      ["unknown key", "allow_untrained_depth, name, set"]),
@@ -114,7 +114,8 @@ BAD = [
      ["DFLASH", "DDTREE", "NONE"]),
     ("configs:\n  - name: a\n    set:\n      serve.draft_window: lots\n", 4, "configs[0].set.serve.draft_window",
      ["integer", "'lots'"]),
-    ("configs:\n  - name: a\n    set:\n      serve.ddtree: 8\n", 4, "configs[0].set.serve.ddtree", ["DDTree"]),
+    ("configs:\n  - name: a\n    set:\n      serve.ddtree: 8\n", 4, "configs[0].set.serve.ddtree",
+     ["a mapping, got an integer"]),
     ("configs:\n  - name: a\n    set:\n      serve.allow_untrained_depth: true\n", 4,
      "configs[0].set.serve.allow_untrained_depth", ["allow_untrained_depth: true"]),
     ("configs:\n  - name: a\n    allow_untrained_depth: maybe\n", 3, "configs[0].allow_untrained_depth",

@@ -8,7 +8,7 @@ import re
 import stat
 import sys
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -427,8 +427,8 @@ class Inventory:
                 "ansible_ssh_common_args")  # fmt: skip
         return {k: str(templar.template(raw[k])) for k in keys if raw.get(k) is not None}
 
-    def plan(self, host: str, cli_set: dict[str, Any], cli_text: dict[str, str] | None = None) -> Plan:
-        """The host's plan through the play's own path: Ansible's variables for it, templated as the play does."""
+    def _resolved(self, host: str) -> tuple[dict[str, Any], Callable[[Any], Any]]:
+        """The host's variables as Ansible resolves them for the play, and templating under them."""
         raw = self._raw_vars(host)
         templar = Templar(loader=self.loader, variables=raw)
 
@@ -439,14 +439,18 @@ class Inventory:
                 _, text = _ansible_message(err)
                 raise InputError(str(self.path), "", f"cannot template a variable of {host}: {text}") from None
 
+        return raw, template
+
+    def plan(self, host: str, cli_set: dict[str, Any], cli_text: dict[str, str] | None = None) -> Plan:
+        """The host's plan through the play's own path (planning.resolve.resolve_host)."""
+        raw, template = self._resolved(host)
         return resolve_host(host, raw, template, fallback=f"{self.path} (host {host})", cli_set=cli_set,
                             cli_text=cli_text)  # fmt: skip
 
-    def hostvars(self, host: str) -> HostVars:
-        """The host's variables as the resolver reads them (day-2 connection settings)."""
-        raw = self._raw_vars(host)
-        templar = Templar(loader=self.loader, variables=raw)
-        return HostVars(host, raw, templar.template, fallback=f"{self.path} (host {host})")
+    def hostvars(self, host: str, cli_set: dict[str, Any] | None = None) -> HostVars:
+        """The host's variables as the resolver reads them (day-2 connection settings, the deployment alone)."""
+        raw, template = self._resolved(host)
+        return HostVars(host, raw, template, fallback=f"{self.path} (host {host})", cli_set=cli_set)
 
     def plans(self, target: str, cli_set: dict[str, Any], cli_text: dict[str, str] | None = None) -> list[Plan]:
         """cli_set: typed overrides (overrides.parse_set for `--set` text); cli_text: that text, for messages."""

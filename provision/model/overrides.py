@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 import typing
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
@@ -71,8 +72,21 @@ def split_set(items: list[str], source: str = "--set") -> dict[str, str]:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise InputError(source, item, "expected KEY=VALUE, like serve.port=30001")
+        if key.strip() in result:
+            raise InputError(source, key.strip(), "given twice; give it once")
         result[key.strip()] = text
+    check_overlaps(result, source)
     return result
+
+
+def check_overlaps(keys: Iterable[str], source: str) -> None:
+    """One source may not give a key and a key below it (serve.ddtree and serve.ddtree.budget): applied in
+    turn, the section would replace the key, or the key a part of the section, without a word."""
+    given = sorted(keys)
+    for outer in given:
+        inner = next((k for k in given if k.startswith(outer + ".")), None)
+        if inner is not None:
+            raise InputError(source, inner, f"is below {outer}, given too: one would replace the other; give one")
 
 
 def check_key(key: str, source: str) -> list[Any]:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from provision.errors import InputError
 from provision.model import overrides
 from provision.model.deployment import Deployment, RuleError
-from provision.model.translate import describe
+from provision.model.translate import first_error, kind
 from provision.planning.planner import build_plan
 from provision.planning.types import Plan
 
@@ -31,15 +31,6 @@ CLI_SET_VAR = "dflash_cli_set"
 # sets one would be read by ansible-playbook and not by `provision plan`, so it is refused.
 RESERVED_VARS = (CLI_SET_VAR, "dflash_plan", "dflash_host_type", "dflash_standin_src")
 OTHER_VARS = (SET_VAR, *RESERVED_VARS)
-
-
-def kind(value: Any) -> str:
-    """A value's type in the user's words (never Ansible's internal tagged type names)."""
-    for types, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
-                        (Mapping, "a mapping"), (list, "a list")):  # fmt: skip
-        if isinstance(value, types):
-            return name
-    return "null" if value is None else "a value of another type"
 
 
 def origin_of(value: Any) -> str | None:
@@ -76,6 +67,7 @@ class HostVars:
         self.fallback = fallback
         self.cli_source = cli_source
         self.cli_set = dict(cli_set or {})
+        overrides.check_overlaps(self.cli_set, cli_source)
         for key in self.cli_set:
             overrides.check_key(key, cli_source)
         # as typed, for messages
@@ -111,6 +103,7 @@ class HostVars:
                 SET_VAR,
                 f"must be a mapping of dotted keys to values, like {{serve.port: 30001}}; got {kind(value)}",
             )
+        overrides.check_overlaps([str(k) for k in value], source)
         for key in value:
             overrides.check_key(str(key), source)
         return {str(k): v for k, v in value.items()}  # typed by YAML already: never read a second time
@@ -143,13 +136,14 @@ class HostVars:
             key = self.from_cli(candidate)
             if key is not None:
                 return f"{self.cli_source} {key}={self.cli_given[key]}", candidate
-        parts = field.split(".")
         host_set = self.raw.get(SET_VAR)
         if isinstance(host_set, Mapping):
-            for i in range(len(parts), 0, -1):
-                key = ".".join(parts[:i])
-                if key in host_set:
-                    return (origin_of(host_set[key]) or origin_of(host_set) or self.fallback), f"{SET_VAR}[{key}]"
+            for candidate in (field, *related):  # like --set: whichever of them dflash_set gave
+                parts = candidate.split(".")
+                for key in [".".join(parts[:i]) for i in range(len(parts), 0, -1)]:
+                    if key in host_set:  # the field below the key as well: dflash_set[serve].port
+                        shown = f"{SET_VAR}[{key}]{candidate[len(key) :]}"
+                        return (origin_of(host_set[key]) or origin_of(host_set) or self.fallback), shown
         for candidate in (field, *related):
             steps = candidate.split(".")
             node: Any = self.raw.get(PREFIX + steps[0])
@@ -172,10 +166,8 @@ class HostVars:
         except RuleError as err:
             raise self.error(err.field, err.message, err.related) from None
         except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-            raise self.error(field, describe(first, Deployment) + more) from None
+            field, message = first_error(err, Deployment)
+            raise self.error(field, message) from None
 
     def error(self, field: str, message: str, related: tuple[str, ...] = ()) -> InputError:
         source, shown = self.blame(field, related)

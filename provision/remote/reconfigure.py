@@ -20,8 +20,11 @@ from rich.console import Console
 from provision import paths
 from provision.errors import InputError
 from provision.inventory.reader import Inventory
+from provision.model.deployment import Deployment
 from provision.planning.types import Plan
 from provision.remote.connection import Remote, for_host
+
+UNTRAINED = "serve.allow_untrained_depth"
 
 SWITCH = paths.role_file("sglang_service", "service_switch.py")
 ARGCHECK = "/opt/dflash-provision/libexec/sglang_argcheck.py"
@@ -36,9 +39,9 @@ class Outcome:
     result: dict[str, Any]
 
 
-def trained_block_size(remote: Remote, plan: Plan) -> int | None:
+def trained_block_size(remote: Remote, dep: Deployment) -> int | None:
     """The drafter's trained block size from its config.json on the host (model_store's drafter.json), if readable."""
-    path = f"{plan.config.service.config_dir}/drafter.json"
+    path = f"{dep.service.config_dir}/drafter.json"
     proc = remote.run(f"cat {shlex.quote(path)}", timeout=30)
     if proc.return_code != 0:
         return None
@@ -67,20 +70,30 @@ def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_tex
              allow_untrained: bool, console: Console) -> list[tuple[Plan, Remote]]:  # fmt: skip
     """Each host's new plan, its block size judged against the drafter's own config.json where readable."""
     out = []
+    # a permission, given as --allow-untrained-depth or as the setting (a sweep config's): applied per host
+    # only where the block size needs it, since a setting without effect is refused
+    allow_untrained = allow_untrained or str(cli_set.get(UNTRAINED, "")).lower() == "true"
+    cli_set = {k: v for k, v in cli_set.items() if k != UNTRAINED}
     for host in inventory.hosts_for(target):
         remote = for_host(inventory, host)
-        extra: dict[str, Any] = {"serve.allow_untrained_depth": True} if allow_untrained else {}
+        extra: dict[str, Any] = {}
         version = systemd_version(remote)
         if version is not None and "service.systemd_version" not in cli_set:
             extra["service.systemd_version"] = version
-        inventory_side = inventory.plans(host, {**cli_set, **extra, "serve.allow_untrained_depth": True}, cli_text)[0]
+        # the drafter's place only, before its block size is known: the deployment, not yet the plan
+        unchecked = {**cli_set, **extra, UNTRAINED: True}
+        inventory_side = inventory.hostvars(host, unchecked).deployment()
         trained = trained_block_size(remote, inventory_side)
-        claimed = inventory_side.config.drafter.block_size if inventory_side.config.drafter else None
+        claimed = inventory_side.drafter.block_size if inventory_side.drafter else None
         if trained is not None and claimed is not None and trained != claimed:
             console.print(f"{host}: the drafter's config.json says block size {trained} "
                           f"(the inventory says {claimed}); using {trained}")  # fmt: skip
         if trained is not None:
             extra["drafter.block_size"] = trained
+        # --allow-untrained-depth is a permission: set only where the block size needs it (else it is inert)
+        limit = trained or claimed
+        if allow_untrained and limit and inventory_side.serve.speculative and inventory_side.serve.block_size > limit:
+            extra[UNTRAINED] = True
         new = inventory.plans(host, {**cli_set, **extra}, cli_text)[0]
         if allow_untrained and new.config.drafter and new.config.serve.block_size > new.config.drafter.block_size:
             size, trained_at = new.config.serve.block_size, new.config.drafter.block_size
