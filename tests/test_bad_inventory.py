@@ -106,12 +106,12 @@ CASES: list[tuple[str, Edit, list[str]]] = [
     (
         "group-vars-file-and-dir",
         _file("group_vars/b300/more.yml", "dflash_serve: {tp: 4}\n"),
-        ["group_vars/b300", "both hold the variables of b300", "keep one"],
+        ["group_vars/b300", "both hold the variables of group b300", "keep one"],
     ),
     (
         "group-vars-yml-and-yaml",
         lambda inv: (inv / "group_vars" / "b300.yaml").write_text("dflash_serve: {tp: 4}\n") and None,
-        ["group_vars/b300.y", "both hold the variables of b300"],
+        ["group_vars/b300.y", "both hold the variables of group b300"],
     ),
     # --host names something the inventory does not hold
     ("host-localhost", _args("--host", "localhost"), ["--host", "localhost", "unknown host or group", "b300-test"]),
