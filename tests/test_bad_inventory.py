@@ -351,3 +351,12 @@ def test_secret_directory_echoes_nothing(run, tmp_path: Path) -> None:
 def test_unreadable_group_vars(run, inventory: Path) -> None:
     (inventory / "group_vars" / "b300.yml").chmod(0)
     assert_refused(*run("plan", "--host", "b300-test", "--inventory", str(inventory)), ["b300.yml", "cannot be read"])
+
+
+def test_the_current_directory_vars_are_not_read(inventory: Path, tmp_path: Path) -> None:
+    # ansible-playbook reads group_vars/ beside the playbook; the CLI's reader must not read the caller's instead
+    cwd = tmp_path / "elsewhere"
+    _write("group_vars/all.yml", "dflash_service: {colour: blue}\n")(cwd)
+    os.mkfifo(cwd / "group_vars" / "b300.yml")  # would block whoever opens it
+    proc = _cli("plan", "--json", "--inventory", str(inventory), "--host", "b300-test", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr

@@ -312,7 +312,10 @@ class Inventory:
             raise InputError("--inventory", "", f"{path} does not exist; pass an inventory directory or file")
         base = check_files(path)
         self.path = path
+        # Ansible also reads group_vars/ and host_vars/ beside the playbook (the loader's basedir, by default the
+        # current directory): the playbooks' directory, as ansible-playbook does, never where the CLI was started
         self.loader = DataLoader()
+        self.loader.set_basedir(str(paths.playbooks()))
         try:
             with _quiet_ansible():
                 self.manager = InventoryManager(loader=self.loader, sources=[str(path)])
