@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from provision import paths
-from provision.errors import InputError
+from provision.errors import ExitCode, InputError
 from provision.inventory.reader import Inventory
 from provision.model.deployment import Deployment
 from provision.planning.types import Plan
@@ -142,7 +142,7 @@ def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_
     for outcome in outcomes:
         _report(outcome, console)
     if any(o.code == LOCKED for o in outcomes):
-        return 2
+        return ExitCode.BUSY
     return 0 if all(o.code == 0 for o in outcomes) and len(outcomes) == len(hosts) else 1
 
 
