@@ -234,3 +234,14 @@ def test_variables_provision_sets_are_refused_in_the_inventory(inventory: Path, 
     path.write_text(path.read_text() + f"{name}: {{serve.port: 31000}}\n")
     rc, out, err = run("plan", "--host", "b300", "--inventory", str(inventory))
     assert rc == 2 and out == "" and name in err and "set by provision itself" in err, err
+
+
+@pytest.mark.parametrize(
+    "inventory_dir",
+    sorted(str(p.relative_to(ROOT)) for p in [ROOT / "inventory", *(ROOT / "inventories").iterdir()] if p.is_dir()),
+)
+def test_every_shipped_inventory_plans(inventory_dir: str, run) -> None:
+    """The production example and every documented inventory (inventories/h200: the GPU verification) plan."""
+    rc, out, err = run("plan", "--json", "--host", "all", "--inventory", str(ROOT / inventory_dir))
+    assert rc == 0, err
+    assert json.loads(out)

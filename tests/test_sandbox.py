@@ -138,6 +138,21 @@ def test_plan_and_apply_target_the_sandbox(sandbox, run, tmp_path: Path) -> None
     assert "rtx6000-sbx : ok=" in out and "b300-sbx : ok=" in out
 
 
+def test_day_2_on_a_host_never_applied_stops_before_anything(sandbox, run, tmp_path: Path) -> None:
+    """sweep and reconfigure on a host without the service: one line naming what is missing, exit 2, no output
+    directory, nothing run on the host (never the host's traceback)."""
+    # a fresh host has no unit; one an earlier test applied loses it here (the hosts of this module are throwaway)
+    assert run("sandbox", "exec", "b300-sbx", "--", "rm", "-f", "/etc/systemd/system/sglang-dflash.service")[0] == 0
+    out = tmp_path / "sweep"
+    rc, stdout, err = run("sweep", "--host", "b300-sbx", "--sandbox", "--matrix", "sweeps/quick.yml", "--out", str(out))
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "b300-sbx: is not provisioned: missing /etc/systemd/system/sglang-dflash.service" in err
+    assert "provision apply --host b300-sbx" in err and "Traceback" not in stdout + err
+    assert not out.exists()
+    rc, _, err = run("reconfigure", "--host", "b300-sbx", "--sandbox", "--set", "serve.draft_window=1024")
+    assert rc == 2 and "is not provisioned" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_bad_host_types_are_refused(run) -> None:
     rc, _, err = run("sandbox", "up", "--hosts", "rtx6000,h100")
     assert rc == 2 and "--hosts: rtx6000,h100: unknown item 'h100'; allowed: rtx6000, b300, each optionally :N" in err

@@ -56,6 +56,22 @@ def systemd_version(remote: Remote) -> int | None:
     return int(words[1]) if proc.return_code == 0 and len(words) > 1 and words[1].isdigit() else None
 
 
+def check_applied(remote: Remote, plan: Plan) -> None:
+    """The host runs what `provision apply` installs (the unit, its environment, the build's python and the
+    parser check): day-2 work on a host never applied stops here, before anything on it changes."""
+    svc = plan.config.service
+    needed = [f"/etc/systemd/system/{svc.name}.service", f"{svc.config_dir}/{svc.name}.env",
+              f"{plan.python_env.venv}/bin/python3", ARGCHECK]  # fmt: skip
+    probe = "; ".join(f"test -e {shlex.quote(path)} || echo {shlex.quote(path)}" for path in needed)
+    proc = remote.run(probe, timeout=30)
+    missing = proc.stdout.split()
+    if proc.return_code != 0 or missing:
+        what = ", ".join(missing) or f"the host did not answer ({proc.stderr.strip()[-200:]})"
+        raise InputError(
+            "--host", plan.host, f"is not provisioned: missing {what}; run `provision apply --host {plan.host}` first"
+        )
+
+
 def check_with_parser(remote: Remote, plan: Plan) -> None:
     python = f"{plan.python_env.venv}/bin/python3"
     proc = remote.run(f"{shlex.quote(python)} {ARGCHECK} {shlex.quote(json.dumps(plan.server_args))}", timeout=120)
@@ -128,6 +144,7 @@ def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_
         raise InputError("--set", "", "give at least one KEY=VALUE to change, like serve.ddtree.budget=12")
     hosts = plan_new(inventory, target, cli_set, cli_text, allow_untrained, console)
     for plan, remote in hosts:  # every host is judged before any is touched
+        check_applied(remote, plan)
         check_with_parser(remote, plan)
     batch = serial or len(hosts)
     outcomes: list[Outcome] = []

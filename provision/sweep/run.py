@@ -29,7 +29,7 @@ from provision.files import write_atomic
 from provision.inventory.reader import Inventory
 from provision.planning.types import Plan
 from provision.remote.connection import Remote, for_host
-from provision.remote.reconfigure import check_with_parser, plan_new, switch
+from provision.remote.reconfigure import check_applied, check_with_parser, plan_new, switch
 from provision.sweep import coding, load
 from provision.sweep.matrix import GridCell, Matrix, SweepConfig, load_matrix
 from provision.sweep.report import Workload, recommend, summarize, workloads, write_report
@@ -202,13 +202,14 @@ def sweep(inventory: Inventory, host: str, matrix_path: Path, out_dir: Path, res
             message = err.message.replace("set serve.allow_untrained_depth=true", "add allow_untrained_depth: true")
             raise InputError(f"{matrix_path}: configs[{i}] ({config.name})", err.field, message) from None
     keep_workload(keep, matrix)
+    [plan] = plans
+    remote = for_host(inventory, plan.host)
+    check_applied(remote, plan)  # a host never applied: one line, before any result or change
     results_path = out_dir / "results.jsonl"
     if results_path.exists() and not resume:
         raise InputError("--out", str(out_dir), "holds results already; add --resume to go on, or choose another")
     out_dir.mkdir(parents=True, exist_ok=True)
     results = Results(results_path)
-    [plan] = plans
-    remote = for_host(inventory, plan.host)
     start = _start_config(out_dir / "start.json", remote, plan)
     (out_dir / "matrix.json").write_text(matrix.model_dump_json(indent=2))
     try:
