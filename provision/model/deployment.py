@@ -590,7 +590,9 @@ class Deployment(Section):
         paths = self.managed()
         roots = self.service.managed_roots
         for entry in paths:
-            if entry.rooted and self.own_dir(entry.path) is None:
+            # a file lies inside a directory of its own (/etc/NAME/key), never directly in a root (/etc/passwd)
+            own = self.own_dir(entry.path)
+            if entry.rooted and (own is None or (own == entry.path and entry.type == "file")):
                 raise RuleError(
                     entry.field,
                     f"{entry.path} is not below a directory of its own in service.managed_roots ({', '.join(roots)}): "
@@ -797,7 +799,7 @@ def _check_apart(one: Managed, other: Managed, config_dir: str) -> None:
         how = {"is inside": "contains", "is the same path as": how}[how]
     raise RuleError(
         first.field,
-        f"{first.path} {how} {second.name}: apply would change one through the other; give each its own path",
+        f"{first.name} {how} {second.name}: apply would change one through the other; give each its own path",
         (second.field,),
     )
 
