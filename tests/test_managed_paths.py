@@ -135,6 +135,17 @@ def test_guard_claims_what_is_absent(tmp_path: Path) -> None:
                       {"path": str(tmp_path / "own" / "venv"), "type": "directory"}]  # fmt: skip
 
 
+def test_guard_reports_what_an_earlier_run_claimed_until_it_is_recorded(tmp_path: Path) -> None:
+    (tmp_path / "venv").mkdir()
+    claimed = {"paths": {str(tmp_path / "venv"): {"type": "directory", "owner": ownership.CLAIMED}}, "accounts": {}}
+    refused, absent, _ = guard([entry(tmp_path / "venv")], manifest=claimed)
+    assert (refused, absent) == ([], [{"path": str(tmp_path / "venv"), "type": "directory"}])
+    module = SimpleNamespace(params={"paths": absent, "user": None})
+    assert ownership.record(module, claimed) is True
+    assert claimed["paths"][str(tmp_path / "venv")]["owner"] != ownership.CLAIMED
+    assert guard([entry(tmp_path / "venv")], manifest=claimed)[:2] == ([], [])
+
+
 def test_guard_refuses_an_existing_path_and_own_dir(tmp_path: Path) -> None:
     (tmp_path / "cron.daily").mkdir()
     (tmp_path / "etc").mkdir()

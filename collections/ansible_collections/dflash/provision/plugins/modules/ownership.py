@@ -70,7 +70,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 absent:
-  description: The managed paths and own directories that do not exist yet (apply creates them and owns them).
+  description: >-
+    The managed paths and own directories that do not exist yet (apply creates them and owns them), and those
+    claimed by an earlier run and not recorded as created yet: what to record.
   type: list
   returned: always
 account_absent:
@@ -91,6 +93,7 @@ UNIT_DIRS = (
     "/usr/lib/systemd/system", "/lib/systemd/system", "/run/systemd/generator.late",
 )  # fmt: skip
 NOLOGIN_SHELLS = ("nologin", "false")
+CLAIMED = "(claimed, not created yet)"
 
 
 def read_manifest(path):
@@ -195,7 +198,13 @@ def check(module, manifest):
         for candidate, kind in [*steps, (path, entry.get("type") or "directory")]:
             if candidate in seen:  # refused already, for another path in it
                 break
-            if candidate in absent or _within(candidate, ours):
+            if candidate in absent:
+                continue
+            # claimed by a run that stopped before recording it: recorded once it exists
+            if manifest["paths"].get(candidate, {}).get("owner") == CLAIMED:
+                absent[candidate] = {"path": candidate, "type": kind}
+                continue
+            if _within(candidate, ours):
                 continue
             if not os.path.lexists(candidate):
                 absent[candidate] = {"path": candidate, "type": kind}
@@ -248,7 +257,7 @@ def record(module, manifest):
             kind, info = _kind(path)
             want = {"type": kind, "owner": _owner(info)}
         else:
-            want = {"type": entry.get("type") or "directory", "owner": "(claimed, not created yet)"}
+            want = {"type": entry.get("type") or "directory", "owner": CLAIMED}
         if manifest["paths"].get(path) != want:
             manifest["paths"][path] = want
             changed = True
