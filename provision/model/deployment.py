@@ -12,6 +12,7 @@ import posixpath
 import re
 import unicodedata
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -161,42 +162,19 @@ def check_init_addr(value: str) -> str:
     return value
 
 
-# The host's own directories: apply creates, chowns and chmods the directories it manages and writes the
-# files it manages, so one of these as a managed path would hand it to the service user or overwrite it.
-SYSTEM_DIRS = frozenset(
-    "/bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root /run /sbin /srv /sys /tmp "
-    "/usr /var /usr/bin /usr/sbin /usr/lib /usr/lib32 /usr/lib64 /usr/libexec /usr/local /usr/share /usr/include "
-    "/usr/src /usr/local/bin /usr/local/sbin /usr/local/lib /usr/local/share /usr/local/include /usr/local/etc "
-    "/var/cache /var/lib /var/log /var/tmp /var/spool /var/run /var/mail /var/opt /var/backups /var/local "
-    "/etc/systemd /etc/systemd/system /etc/ssh /etc/default /etc/apt /etc/sudoers.d /etc/security /etc/pam.d "
-    "/etc/cron.d /etc/ld.so.conf.d /etc/profile.d /etc/alternatives".split()
-)
-KERNEL_TREES = ("/proc/", "/sys/", "/dev/", "/boot/")
-HOST_UNITS = frozenset(
-    "ssh sshd cron rsyslog networking NetworkManager polkit udev apt-daily apt-daily-upgrade unattended-upgrades "
-    "multi-user graphical default basic sysinit rescue emergency network network-online docker containerd "
-    "fabricmanager dcgm ufw firewalld chrony ntp sudo".split()
-)
+# Where apply may create the paths it manages, by default (service.managed_roots overrides it per site): every
+# path it creates and changes lies in a directory of its own one level or more below a root (/opt/NAME/...,
+# /etc/NAME). Which NAME is its own is the host's to say: the play's ownership guard refuses a managed path, or
+# its own directory, that exists and that apply did not create (dflash.provision.ownership).
+MANAGED_ROOTS = ("/opt", "/srv", "/var/cache", "/var/lib", "/etc", "/usr/local", "/models")
 
 
-def _managed_dir(value: str) -> str:
-    """A directory apply owns: never one of the host's own, nor in a kernel or boot tree."""
-    if value in SYSTEM_DIRS or value.startswith(KERNEL_TREES):
-        raise ValueError(f"{value} is a directory of the host itself; apply would take it over: use one of its own")
-    return value
-
-
-def _managed_file(value: str) -> str:
-    """A file apply writes or chmods: in a directory of its own, never directly in one of the host's."""
-    parent = posixpath.dirname(value)
-    if parent in SYSTEM_DIRS or value.startswith(KERNEL_TREES) or value in SYSTEM_DIRS:
-        raise ValueError(f"{value} is in a directory of the host itself ({parent}); put it in a directory of its own")
-    return value
+def inside(path: str, parent: str) -> bool:
+    """Whether path is parent itself or below it."""
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 AbsPath = Annotated[str, AfterValidator(_absolute)]
-ManagedDir = Annotated[AbsPath, AfterValidator(_managed_dir)]
-ManagedFile = Annotated[AbsPath, AfterValidator(_managed_file)]
 HttpUrl = Annotated[str, AfterValidator(lambda v: _url(v, ("https", "http")))]
 GitUrl = Annotated[str, AfterValidator(lambda v: _url(v, ("https", "http", "ssh", "git", "file")))]
 Pep440 = Annotated[str, AfterValidator(_pep440)]
@@ -236,17 +214,6 @@ class CudaSpec(Section):
     method: Literal["nvidia_repo", "pip", "preinstalled"] = "nvidia_repo"
     # no ':' (it goes on PATH); a preinstalled toolkit may live in the host's own tree (Debian's in /usr)
     home: Annotated[AbsPath, Field(pattern=r"^[^:]*$")] | None = None
-
-    @model_validator(mode="after")
-    def _home_is_ours(self) -> CudaSpec:
-        if self.home is not None and self.method != "preinstalled":
-            try:
-                _managed_dir(self.home)
-            except ValueError as err:
-                raise RuleError(
-                    "cuda.home", f"{err} (only a preinstalled toolkit may live there)", ("cuda.method",)
-                ) from None
-        return self
 
     @field_validator("version", mode="before")
     @classmethod
@@ -336,7 +303,7 @@ class SglangBuild(Section):
 class ModelFiles(Section):
     """Where a model's files come from; the model_store role puts them at `path`."""
 
-    path: ManagedDir
+    path: AbsPath
     source: Literal["present", "huggingface", "copy"] = Field(
         default="present", description="present: only check the files; huggingface: fetch repo; copy: from copy_from"
     )
@@ -404,7 +371,7 @@ class Serve(Section):
     host: str = "127.0.0.1"
     # no capability is granted to the unprivileged service user, so no port below 1024
     port: int = Field(default=30000, ge=1024, le=65535)
-    api_key_file: ManagedFile | None = None
+    api_key_file: AbsPath | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     metrics: bool = True
@@ -458,7 +425,7 @@ class TritonSpec(Section):
     ptxas: Literal["auto", "toolkit", "bundled"] = Field(
         default="auto", description="auto: use the toolkit's ptxas only where Triton's bundled one is too old"
     )
-    cache_dir: ManagedDir = "/var/cache/sglang-dflash/triton"
+    cache_dir: AbsPath = "/var/cache/sglang-dflash/triton"
 
 
 FLASHINFER_MODULES = ("activation", "norm", "sampling", "rope", "page", "cascade", "batch_mla", "batch_prefill_mla",
@@ -471,7 +438,7 @@ class FlashinferSpec(Section):
         pattern=r"^\d+\.\d+[af]?( \d+\.\d+[af]?)*$",
         description="defaults to the arch in FlashInfer's spelling",
     )
-    workspace_base: ManagedDir = "/var/cache/sglang-dflash/flashinfer"
+    workspace_base: AbsPath = "/var/cache/sglang-dflash/flashinfer"
     aot_modules: list[Literal[FLASHINFER_MODULES]] = Field(  # type: ignore[valid-type]
         default=["norm", "batch_mla"], description="built ahead of time once per arch and shipped to the others"
     )
@@ -497,15 +464,15 @@ class ServiceSpec(Section):
     # a unit name systemd accepts that is also a safe file and directory name (no "..", no leading dot)
     name: str = Field(default="sglang-dflash", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     user: str = Field(default="sglang", pattern=r"^[a-z_][a-z0-9_-]*$", max_length=32)
-    venv: ManagedDir = "/opt/sglang-dflash/venv"
-    config_dir: ManagedDir = "/etc/sglang-dflash"
+    venv: AbsPath = "/opt/sglang-dflash/venv"
+    config_dir: AbsPath = "/etc/sglang-dflash"
     start_timeout_s: int = Field(default=1800, ge=5, le=86400, description="a 590B model loads for minutes")
     stop_timeout_s: int = Field(default=180, ge=5, le=86400, description="SIGTERM drains in-flight requests first")
     launcher: Literal["sglang", "standin"] = Field(
         default="sglang",
         description="standin: hosts without GPUs run the SGLang stand-in (a test double), same argv",
     )
-    standin_path: ManagedFile = "/opt/dflash-provision/libexec/sglang_standin.py"
+    standin_path: AbsPath = "/opt/dflash-provision/libexec/sglang_standin.py"
     rdma: bool = Field(
         default=False, description="open the InfiniBand verbs and rdma_cm devices (multi-node instances always do)"
     )
@@ -520,16 +487,32 @@ class ServiceSpec(Section):
         default=65536, ge=1024, le=1048576, description="open files (SGLang raises its soft limit to it)"
     )
 
+    managed_roots: list[AbsPath] = Field(
+        default=list(MANAGED_ROOTS),
+        min_length=1,
+        description="where apply may create the directories and files it manages, each in a directory of its own",
+    )
+    adopt: list[str] = Field(
+        default=[],
+        description="managed paths (or their own directories) and the service account that exist on the host "
+        "without apply having created them, which apply may take over",
+    )
+
     @field_validator("name")
     @classmethod
-    def _not_the_hosts_own(cls, value: str) -> str:
-        # apply writes /etc/systemd/system/NAME.service, which would override a unit of the host's (ssh: locked
-        # out) and restart it; the GPU stack's and systemd's own units included
-        base = value.removesuffix(".service")
-        if base in HOST_UNITS or base.startswith(("systemd-", "nvidia-", "dbus", "getty", "user-", "user@")):
-            raise ValueError(
-                f"{value} names a unit of the host itself; apply would replace it: choose a name of its own"
-            )
+    def _one_name(cls, value: str) -> str:
+        # the unit is NAME.service; a NAME that says .service would be NAME.service.service, and a second
+        # spelling of one unit. Whether the name is another daemon's is the host's to say (the ownership guard).
+        if value.endswith(".service"):
+            raise ValueError(f"give the name without .service (the unit is NAME.service), like {value[:-8]!r}")
+        return value
+
+    @field_validator("managed_roots", "adopt")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        twice = sorted({v for v in value if value.count(v) > 1})
+        if twice:
+            raise ValueError(f"{twice[0]} is given twice")
         return value
 
     @field_validator("user")
@@ -600,6 +583,7 @@ class Deployment(Section):
         self._check_parsers()
         self._check_requirements()
         self._check_arch_list()
+        self._check_managed_paths()
         return self
 
     def pinned(self) -> dict[str, str]:
@@ -640,6 +624,91 @@ class Deployment(Section):
             )
         if len(set(entries)) != len(entries):
             raise RuleError("flashinfer.arch_list", f"names an arch twice: {self.flashinfer.arch_list}")
+
+    def managed(self, cuda_home: str | None = None) -> list[Managed]:
+        """Every path apply creates, changes or reads on the host, with the field that names it.
+
+        cuda_home: the toolkit's home the plan chose, where cuda.home is unset."""
+        svc, key = self.service, self.serve.api_key_file
+        conf, state, unit = svc.config_dir, f"/var/lib/{svc.name}", f"/etc/systemd/system/{svc.name}.service"
+        paths = [
+            Managed("service.venv", svc.venv, "directory", "root", None),
+            Managed("service.config_dir", conf, "directory", "root", "0755"),
+            Managed("triton.cache_dir", self.triton.cache_dir, "directory", svc.user, "0750"),
+            Managed("flashinfer.workspace_base", self.flashinfer.workspace_base, "directory", svc.user, "0750"),
+            # systemd's places, whatever the roots: it creates the StateDirectory at start and chowns it to the
+            # service user, recursively
+            Managed("service.name", state, "directory", svc.user, None, "the unit's StateDirectory", rooted=False),
+            Managed("service.name", unit, "file", "root", "0644", "the unit", rooted=False),
+            # what the roles write into the config directory
+            *(
+                Managed("service.config_dir", f"{conf}/{name}", "file", "root", mode, f"the config directory's {name}")
+                for name, mode, used in (
+                    (f"{svc.name}.env", "0644", True),
+                    (f"{svc.name}.build.json", "0644", True),
+                    ("secrets.env", "0600", key is not None),
+                    ("drafter.json", "0644", self.drafter is not None),
+                )
+                if used
+            ),
+        ]
+        if key is not None:
+            paths.append(Managed("serve.api_key_file", key, "file", "root", "0600"))
+        if svc.launcher == "standin":
+            paths.append(Managed("service.standin_path", svc.standin_path, "file", "root", "0644"))
+        for section in ("model", "drafter"):
+            files = getattr(self, section)
+            if files is not None:
+                # "present" is only read: the files are the user's own
+                paths.append(Managed(f"{section}.path", files.path, "directory", "root", "0755", "",
+                                     files.source != "present"))  # fmt: skip
+        home = self.cuda.home or cuda_home
+        if home is not None:
+            # the pip method links it to the toolkit it builds; apt's package and a preinstalled toolkit own theirs
+            method = self.cuda.method
+            paths.append(Managed("cuda.home", home, "link", "root", None, "", method == "pip",
+                                 method != "preinstalled"))  # fmt: skip
+        return paths
+
+    def own_dir(self, path: str) -> str | None:
+        """The directory of its own a path lies in: one level below the nearest managed root; None outside them."""
+        roots = [r for r in self.service.managed_roots if inside(path, r) and path != r]
+        if not roots:
+            return None
+        root = max(roots, key=len)
+        return root + "/" + path[len(root) + 1 :].split("/")[0]
+
+    def _check_managed_paths(self) -> None:
+        paths = self.managed()
+        roots = self.service.managed_roots
+        for entry in paths:
+            # a file lies inside a directory of its own (/etc/NAME/key), never directly in a root (/etc/passwd)
+            own = self.own_dir(entry.path)
+            if entry.rooted and (own is None or (own == entry.path and entry.type == "file")):
+                raise RuleError(
+                    entry.field,
+                    f"{entry.path} is not below a directory of its own in service.managed_roots ({', '.join(roots)}): "
+                    f"apply creates {entry.label or entry.field} and sets its owner and mode; put it in one (like "
+                    f"{roots[0]}/NAME), "
+                    "or add the site's root to service.managed_roots",
+                    ("service.managed_roots", *(("cuda.method",) if entry.field == "cuda.home" else ())),
+                )
+        for i, one in enumerate(paths):
+            for other in paths[i + 1 :]:
+                _check_apart(one, other, self.service.config_dir)
+        self._check_adopt(paths)
+
+    def _check_adopt(self, paths: list[Managed]) -> None:
+        guarded = [p for p in paths if p.guarded]
+        allowed = {p.path for p in guarded} | {d for p in guarded if p.rooted and (d := self.own_dir(p.path))}
+        for entry in self.service.adopt:
+            if entry != self.service.user and entry not in allowed:
+                raise RuleError(
+                    "service.adopt",
+                    f"{entry} is neither a path apply manages nor the service account; allowed: "
+                    f"{', '.join([*sorted(allowed), self.service.user])}",
+                    ("service.user",),
+                )
 
     def _check_parsers(self) -> None:
         known = parsers()[self.sglang.release_name]
@@ -804,6 +873,52 @@ class Deployment(Section):
     @property
     def torch_cuda(self) -> str:
         return self.sglang.torch_cuda or builds().releases[self.sglang.release_name].torch_cuda
+
+
+@dataclass(frozen=True)
+class Managed:
+    """A path on the host that the deployment names."""
+
+    field: str  # the field that names it
+    path: str
+    type: Literal["directory", "file", "link"]
+    owner: str
+    mode: str | None  # None: another program sets it (a venv, systemd's StateDirectory, a link)
+    label: str = ""  # how the messages call it, when not by its field
+    guarded: bool = True  # apply creates or changes it: it must be apply's own on the host
+    rooted: bool | None = None  # it must lie below service.managed_roots; default: as guarded
+
+    def __post_init__(self) -> None:
+        if self.rooted is None:
+            object.__setattr__(self, "rooted", self.guarded)
+
+    @property
+    def name(self) -> str:
+        return f"{self.label} {self.path} ({self.field})" if self.label else f"{self.field} {self.path}"
+
+
+def _check_apart(one: Managed, other: Managed, config_dir: str) -> None:
+    """Two managed paths must not be one, nor one inside the other: apply would change one through the other.
+
+    Files may lie in the config directory (root's, 0755): the API key file is there by default."""
+    if one.path == other.path:
+        how = "is the same path as"
+    elif inside(other.path, one.path) or inside(one.path, other.path):
+        outer, inner = (one, other) if inside(other.path, one.path) else (other, one)
+        if outer.path == config_dir and outer.field == "service.config_dir" and inner.type == "file":
+            return
+        one, other, how = inner, outer, "is inside"
+    else:
+        return
+    # blamed on the field the user names rather than the one derived from it
+    first, second = (one, other) if one.label == "" or other.label != "" else (other, one)
+    if first is other:
+        how = {"is inside": "contains", "is the same path as": how}[how]
+    raise RuleError(
+        first.field,
+        f"{first.name} {how} {second.name}: apply would change one through the other; give each its own path",
+        (second.field,),
+    )
 
 
 def _given(model: BaseModel, prefix: str = "") -> Iterator[str]:

@@ -17,6 +17,7 @@ from provision.planning.types import (
     DriverPlan,
     FlashinferPlan,
     GpuPlan,
+    ManagedPath,
     NodePlan,
     Plan,
     PythonEnvPlan,
@@ -250,6 +251,7 @@ def build_plan(
         python_env=plan_python_env(dep, triton),
         multinode=nodes,
         systemd=systemd,
+        managed_paths=managed_paths(dep, cuda.home),
         config=dep,
         env=env,
         argv=argv.argv,
@@ -260,6 +262,22 @@ def build_plan(
     )
     env_file = env_file_text(env, lambda name: ENV_FIELDS.get(name, f"serve.env.{name}"))
     return Plan(**plan_fields, env_file=env_file, unit=unit_text(dep, argv, systemd))
+
+
+def managed_paths(dep: Deployment, cuda_home: str) -> list[ManagedPath]:
+    """What the play's ownership guard checks and records: the paths apply creates or changes."""
+    return [
+        ManagedPath(
+            path=m.path,
+            type=m.type,
+            owner=m.owner,
+            mode=m.mode,
+            field=m.field,
+            own_dir=dep.own_dir(m.path) if m.rooted else None,
+        )  # fmt: skip
+        for m in dep.managed(cuda_home)
+        if m.guarded
+    ]
 
 
 def url_host(address: str) -> str:

@@ -82,6 +82,19 @@ class SystemdPlan(BaseModel):
     assumed: bool
 
 
+class ManagedPath(BaseModel):
+    """A path apply creates or changes on the host: the play's ownership guard refuses it, or its own
+    directory, when it exists and apply did not create it (dflash.provision.ownership)."""
+
+    path: str
+    type: str
+    owner: str
+    mode: str | None
+    field: str
+    # the directory of its own below service.managed_roots; None at systemd's places (the unit, its StateDirectory)
+    own_dir: str | None
+
+
 class Plan(BaseModel):
     host: str
     groups: list[str]
@@ -94,6 +107,7 @@ class Plan(BaseModel):
     python_env: PythonEnvPlan
     multinode: NodePlan | None
     systemd: SystemdPlan
+    managed_paths: list[ManagedPath]
     config: Deployment
     env: dict[str, str]
     argv: list[str]
