@@ -534,6 +534,38 @@ class ServiceSpec(Section):
             )
         return value
 
+    # The host paths the service's files take, derived here once: the plan carries them (Plan.paths) to the roles,
+    # day 2, the sweep and verify, which never compose them again.
+    @property
+    def unit_path(self) -> str:
+        return f"/etc/systemd/system/{self.name}.service"
+
+    @property
+    def env_path(self) -> str:
+        return f"{self.config_dir}/{self.name}.env"
+
+    @property
+    def secrets_path(self) -> str:
+        return f"{self.config_dir}/secrets.env"
+
+    @property
+    def build_json_path(self) -> str:
+        return f"{self.config_dir}/{self.name}.build.json"
+
+    @property
+    def drafter_json_path(self) -> str:
+        return f"{self.config_dir}/drafter.json"
+
+    @property
+    def state_dir(self) -> str:
+        """The unit's StateDirectory= (its HOME)."""
+        return f"/var/lib/{self.name}"
+
+
+# provision's own places on every host: its scripts, and the serving record day 2 keeps (current, last good)
+LIBEXEC_DIR = "/opt/dflash-provision/libexec"
+SERVING_STATE_DIR = "/var/lib/dflash-provision/serving"
+
 
 class MultiNode(Section):
     """Hosts that form one serving instance; a host's node rank is its place in `nodes`."""
@@ -630,7 +662,7 @@ class Deployment(Section):
 
         cuda_home: the toolkit's home the plan chose, where cuda.home is unset."""
         svc, key = self.service, self.serve.api_key_file
-        conf, state, unit = svc.config_dir, f"/var/lib/{svc.name}", f"/etc/systemd/system/{svc.name}.service"
+        conf, state, unit = svc.config_dir, svc.state_dir, svc.unit_path
         paths = [
             Managed("service.venv", svc.venv, "directory", "root", None),
             Managed("service.config_dir", conf, "directory", "root", "0755"),
@@ -642,12 +674,14 @@ class Deployment(Section):
             Managed("service.name", unit, "file", "root", "0644", "the unit", rooted=False),
             # what the roles write into the config directory
             *(
-                Managed("service.config_dir", f"{conf}/{name}", "file", "root", mode, f"the config directory's {name}")
-                for name, mode, used in (
-                    (f"{svc.name}.env", "0644", True),
-                    (f"{svc.name}.build.json", "0644", True),
-                    ("secrets.env", "0600", key is not None),
-                    ("drafter.json", "0644", self.drafter is not None),
+                Managed(
+                    "service.config_dir", path, "file", "root", mode, f"the config directory's {path[len(conf) + 1 :]}"
+                )
+                for path, mode, used in (
+                    (svc.env_path, "0644", True),
+                    (svc.build_json_path, "0644", True),
+                    (svc.secrets_path, "0600", key is not None),
+                    (svc.drafter_json_path, "0644", self.drafter is not None),
                 )
                 if used
             ),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 
-from provision.model.deployment import Deployment, RuleError, check_init_addr
+from provision.model.deployment import LIBEXEC_DIR, SERVING_STATE_DIR, Deployment, RuleError, check_init_addr
 from provision.model.tables import builds, compat, version_tuple
 from provision.planning.render import argv_for, env_file_text, launcher, unit_text
 from provision.planning.types import (
@@ -17,6 +17,7 @@ from provision.planning.types import (
     DriverPlan,
     FlashinferPlan,
     GpuPlan,
+    HostPaths,
     ManagedPath,
     NodePlan,
     Plan,
@@ -252,6 +253,7 @@ def build_plan(
         multinode=nodes,
         systemd=systemd,
         managed_paths=managed_paths(dep, cuda.home),
+        paths=host_paths(dep),
         config=dep,
         env=env,
         argv=argv.argv,
@@ -262,6 +264,22 @@ def build_plan(
     )
     env_file = env_file_text(env, lambda name: ENV_FIELDS.get(name, f"serve.env.{name}"))
     return Plan(**plan_fields, env_file=env_file, unit=unit_text(dep, argv, systemd))
+
+
+def host_paths(dep: Deployment) -> HostPaths:
+    svc = dep.service
+    return HostPaths(
+        unit=svc.unit_path,
+        env_file=svc.env_path,
+        secrets_env=svc.secrets_path if dep.serve.api_key_file else None,
+        build_json=svc.build_json_path,
+        drafter_json=svc.drafter_json_path,
+        state_dir=svc.state_dir,
+        serving_state=SERVING_STATE_DIR,
+        libexec=LIBEXEC_DIR,
+        argcheck=f"{LIBEXEC_DIR}/sglang_argcheck.py",
+        standin=svc.standin_path if svc.launcher == "standin" else None,
+    )
 
 
 def managed_paths(dep: Deployment, cuda_home: str) -> list[ManagedPath]:

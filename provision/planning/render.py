@@ -408,8 +408,8 @@ _templates = jinja2.Environment(
 
 def unit_text(dep: Deployment, argv: Argv, systemd: SystemdPlan) -> str:
     service = dep.service
-    env_files = [f"{service.config_dir}/{service.name}.env"]
-    env_files += [f"{service.config_dir}/secrets.env"] if dep.serve.api_key_file else []
+    env_files = [service.env_path]
+    env_files += [service.secrets_path] if dep.serve.api_key_file else []
     unit = _templates.get_template("sglang-dflash.service.j2").render(
         dep=dep,
         description=specifiers(

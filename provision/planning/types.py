@@ -95,6 +95,21 @@ class ManagedPath(BaseModel):
     own_dir: str | None
 
 
+class HostPaths(BaseModel):
+    """Where the service's files are on the host: the one place every consumer reads them from."""
+
+    unit: str
+    env_file: str
+    secrets_env: str | None  # only with serve.api_key_file
+    build_json: str
+    drafter_json: str
+    state_dir: str  # the unit's StateDirectory
+    serving_state: str  # day 2's record: current and last good config
+    libexec: str
+    argcheck: str
+    standin: str | None  # only with the stand-in launcher
+
+
 class Plan(BaseModel):
     host: str
     groups: list[str]
@@ -108,6 +123,7 @@ class Plan(BaseModel):
     multinode: NodePlan | None
     systemd: SystemdPlan
     managed_paths: list[ManagedPath]
+    paths: HostPaths
     config: Deployment
     env: dict[str, str]
     argv: list[str]

@@ -27,8 +27,6 @@ from provision.remote.connection import Remote, for_host
 UNTRAINED = "serve.allow_untrained_depth"
 
 SWITCH = paths.role_file("sglang_service", "service_switch.py")
-ARGCHECK = "/opt/dflash-provision/libexec/sglang_argcheck.py"
-STATE_DIR = "/var/lib/dflash-provision/serving"
 LOCKED = 3  # service_switch.py's exit code when another switch holds the host's lock
 
 
@@ -41,7 +39,7 @@ class Outcome:
 
 def trained_block_size(remote: Remote, dep: Deployment) -> int | None:
     """The drafter's trained block size from its config.json on the host (model_store's drafter.json), if readable."""
-    path = f"{dep.service.config_dir}/drafter.json"
+    path = dep.service.drafter_json_path
     proc = remote.run(f"cat {shlex.quote(path)}", timeout=30)
     if proc.return_code != 0:
         return None
@@ -59,9 +57,7 @@ def systemd_version(remote: Remote) -> int | None:
 def check_applied(remote: Remote, plan: Plan) -> None:
     """The host runs what `provision apply` installs (the unit, its environment, the build's python and the
     parser check): day-2 work on a host never applied stops here, before anything on it changes."""
-    svc = plan.config.service
-    needed = [f"/etc/systemd/system/{svc.name}.service", f"{svc.config_dir}/{svc.name}.env",
-              f"{plan.python_env.venv}/bin/python3", ARGCHECK]  # fmt: skip
+    needed = [plan.paths.unit, plan.paths.env_file, f"{plan.python_env.venv}/bin/python3", plan.paths.argcheck]
     probe = "; ".join(f"test -e {shlex.quote(path)} || echo {shlex.quote(path)}" for path in needed)
     proc = remote.run(probe, timeout=30)
     missing = proc.stdout.split()
@@ -74,7 +70,8 @@ def check_applied(remote: Remote, plan: Plan) -> None:
 
 def check_with_parser(remote: Remote, plan: Plan) -> None:
     python = f"{plan.python_env.venv}/bin/python3"
-    proc = remote.run(f"{shlex.quote(python)} {ARGCHECK} {shlex.quote(json.dumps(plan.server_args))}", timeout=120)
+    words = [python, plan.paths.argcheck, json.dumps(plan.server_args)]
+    proc = remote.run(shlex.join(words), timeout=120)
     if proc.return_code == 1:
         verdict = json.loads(proc.stdout.strip().splitlines()[-1])
         raise InputError("--set", "", f"the SGLang build on {plan.host} refuses the new command: {verdict['error']}")
@@ -123,8 +120,8 @@ def switch(plan: Plan, remote: Remote) -> Outcome:
     svc = plan.config.service
     job = {
         "name": svc.name, "unit": plan.unit, "env": plan.env_file,
-        "unit_path": f"/etc/systemd/system/{svc.name}.service", "env_path": f"{svc.config_dir}/{svc.name}.env",
-        "state_dir": STATE_DIR, "url": plan.service_url,
+        "unit_path": plan.paths.unit, "env_path": plan.paths.env_file,
+        "state_dir": plan.paths.serving_state, "url": plan.service_url,
         "api_key_file": plan.config.serve.api_key_file, "start_timeout_s": svc.start_timeout_s,
         "stop_timeout_s": svc.stop_timeout_s, "gpu_release_timeout_s": 120, "journal_lines": 40,
         "config": plan.config.model_dump(mode="json"), "by": f"provision reconfigure, pid {os.getpid()}",
@@ -185,7 +182,7 @@ def status(inventory: Inventory, target: str, console: Console) -> int:
     for plan in inventory.plans(target, {}):
         remote = for_host(inventory, plan.host)
         svc = plan.config.service
-        job = {"name": svc.name, "state_dir": STATE_DIR, "api_key_file": plan.config.serve.api_key_file,
+        job = {"name": svc.name, "state_dir": plan.paths.serving_state, "api_key_file": plan.config.serve.api_key_file,
                "url": f"http://{plan.service_address}:{plan.config.serve.port}"}  # fmt: skip
         payload = base64.b64encode(json.dumps(job).encode()).decode()
         proc = remote.run(f"python3 - status {payload}", stdin=SWITCH.read_text(), timeout=60)

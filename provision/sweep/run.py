@@ -91,7 +91,7 @@ def measure(remote: Remote, plan: Plan, url: str, key: str | None, cell: GridCel
                                    dataset_path=matrix.bench_serving.dataset_path,
                                    tokenizer=str(plan.config.model.path))  # fmt: skip
     argv = load.driver_argv(bench.python, args, "SGLANG_DFLASH_API_KEY" if key else None, 1, bench.placeholder)
-    secrets = f"set -a; . {plan.config.service.config_dir}/secrets.env; set +a; " if key else ""
+    secrets = f"set -a; . {shlex.quote(plan.paths.secrets_env)}; set +a; " if key and plan.paths.secrets_env else ""
     proc = remote.run(f"rm -f {out}; {secrets}{shlex.join(argv)}", stdin=load.DRIVER.read_text(), timeout=3600)
     if proc.return_code != 0:
         raise RuntimeError(f"bench_serving failed: {(proc.stderr.strip() or proc.stdout.strip())[-500:]}")
@@ -169,9 +169,8 @@ def run_config(config: SweepConfig, inventory: Inventory, host: str, matrix: Mat
 
 def serving_config(remote: Remote, plan: Plan) -> dict[str, str]:
     """The unit and environment file the host serves now, to go back to at the end."""
-    svc = plan.config.service
-    unit = remote.run(f"cat /etc/systemd/system/{svc.name}.service", timeout=30).stdout
-    env = remote.run(f"cat {svc.config_dir}/{svc.name}.env", timeout=30).stdout
+    unit = remote.run(f"cat {shlex.quote(plan.paths.unit)}", timeout=30).stdout
+    env = remote.run(f"cat {shlex.quote(plan.paths.env_file)}", timeout=30).stdout
     return {"unit": unit, "env": env}
 
 

@@ -87,7 +87,7 @@ def confined(host: Any, plan: dict[str, Any]) -> Any:
     if not host.exists("systemd-run") or host.run("test -d /run/systemd/system").rc != 0:
         pytest.skip(f"no systemd on {host.backend.get_hostname()}: the service is not deployed there")
     name = plan["config"]["service"]["name"]
-    unit = host.file(f"/etc/systemd/system/{name}.service")
+    unit = host.file(plan["paths"]["unit"])
     if not unit.exists:
         pytest.skip(f"{name}.service is not installed on {host.backend.get_hostname()}")
     props = [a for p in sandbox_properties(unit.content_string) for a in ("-p", p)]
