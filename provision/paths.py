@@ -8,6 +8,7 @@ models, the verify scripts).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -20,6 +21,11 @@ def data_dir() -> Path:
 
 def playbooks() -> Path:
     return data_dir() / "playbooks"
+
+
+def host_types(groups: Iterable[str]) -> list[str]:
+    """A host's types among its groups: those with a playbook of their own (apply runs it)."""
+    return sorted(g for g in groups if g != "all" and (playbooks() / f"{g}.yml").is_file())
 
 
 def roles() -> Path:

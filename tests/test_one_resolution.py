@@ -259,3 +259,25 @@ def test_apply_hands_set_text_to_the_play_as_data_and_records_what_the_play_reso
     assert resolved == [shown]
     assert shown["config"]["model"]["served_name"] == "{{ 7 * 7 }}"
     assert json.loads((run_dir / "plans" / "b300-test.json").read_text()) == shown
+
+
+def test_the_rules_across_hosts_hold_for_plain_ansible_playbook_too(inventory: Path, run) -> None:
+    """planning.check_fleet, which `provision plan` applies, runs in the play (dflash.provision.fleet): a host in
+    two host types and a multi-node instance across host types stop plain ansible-playbook as well."""
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    hosts["all"]["children"]["rtx6000"]["hosts"]["b300-test"] = None
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    rc, _, err = run("plan", "--host", "all", "--inventory", str(inventory))
+    assert rc == 2 and "host b300-test is in host types b300 and rtx6000" in err, err
+    proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml", "--tags", "plan", "--check")
+    assert proc.returncode != 0 and "host b300-test is in host types b300 and rtx6000" in proc.stdout, proc.stdout
+
+
+def test_a_multinode_instance_across_host_types_stops_the_play(inventory: Path, run) -> None:
+    (inventory / "host_vars").mkdir()
+    for host in ("rtx-test", "b300-test"):
+        (inventory / "host_vars" / f"{host}.yml").write_text("dflash_multinode: {nodes: [rtx-test, b300-test]}\n")
+    rc, _, err = run("plan", "--host", "all", "--inventory", str(inventory))
+    assert rc == 2 and ("one instance spans one host type" in err or "differ" in err), err
+    proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml", "--tags", "plan", "--check")
+    assert proc.returncode != 0 and ("one instance spans one host type" in proc.stdout or "differ" in proc.stdout)

@@ -49,7 +49,7 @@ if _OWN_PROCESS and C.CONFIG_FILE != os.environ["ANSIBLE_CONFIG"]:
     raise RuntimeError(f"Ansible read {C.CONFIG_FILE}, not provision's {os.environ['ANSIBLE_CONFIG']}")
 
 from provision.model.deployment import RuleError  # noqa: E402
-from provision.planning.planner import check_instances  # noqa: E402
+from provision.planning.planner import check_fleet, check_host_type  # noqa: E402
 from provision.planning.resolve import HostVars, origin_of, resolve_host  # noqa: E402
 from provision.planning.types import Plan  # noqa: E402
 
@@ -384,18 +384,19 @@ class Inventory:
         return _refusal(source or str(self.path), "cannot parse the inventory", text)
 
     def host_types(self, host: str) -> list[str]:
-        """The host's types: its groups that have a playbook of their own."""
-        groups = self.manager.hosts[host].get_groups()
-        return sorted(g.name for g in groups if g.name != "all" and (paths.playbooks() / f"{g.name}.yml").is_file())
+        """The host's types (none for a name the inventory does not list)."""
+        if host not in self.manager.hosts:
+            return []
+        return paths.host_types(g.name for g in self.manager.hosts[host].get_groups())
 
     def _check_host(self, host: str) -> None:
-        """One host type per host, and no dflash_* section that Ansible would pick from two groups by name order."""
+        """No dflash_* section that Ansible would pick from two groups by name order (the rules across hosts are
+        planning's check_fleet, which the play runs too)."""
         groups = [g for g in self.manager.hosts[host].get_groups() if g.name != "all"]
-        types = self.host_types(host)
-        if len(types) > 1:
-            raise InputError(
-                str(self.path), "groups", f"host {host} is in host types {' and '.join(types)}; a host has one type"
-            )
+        try:
+            check_host_type(host, self.host_types(host))  # first: it explains the sections from two types
+        except RuleError as err:
+            raise InputError(str(self.path), err.field, err.message) from None
         by_level: dict[tuple[int, int], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
         for group in groups:
             for key in self._group_keys(group.name) | set(group.get_vars()):
@@ -504,15 +505,8 @@ class Inventory:
         """cli_set: typed overrides (overrides.parse_set for `--set` text); cli_text: that text, for messages."""
         plans = [self.plan(host, cli_set, cli_text) for host in self.hosts_for(target)]
         try:
-            check_instances(plans)
+            check_fleet(plans, self.host_types)
         except RuleError as err:
-            raise InputError(str(self.path), err.field, err.message) from None
-        for plan in plans:
-            nodes = plan.config.multinode.nodes if plan.config.multinode else []
-            kinds = {node: self.host_types(node) for node in nodes if node in self.manager.hosts}
-            if len({tuple(k) for k in kinds.values()}) > 1:
-                mixed = ", ".join(f"{node} ({'/'.join(k) or 'no type'})" for node, k in kinds.items())
-                raise InputError(
-                    str(self.path), "dflash_multinode.nodes", f"one instance spans one host type; got {mixed}"
-                )
+            field = err.field if err.field == "groups" else f"dflash_{err.field}"
+            raise InputError(str(self.path), field, err.message) from None
         return plans

@@ -6,7 +6,7 @@ fact, so both paths act on one decision.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 
 from provision.model.deployment import LIBEXEC_DIR, SERVING_STATE_DIR, Deployment, RuleError, check_init_addr
@@ -356,3 +356,23 @@ def check_instances(plans: list[Plan]) -> None:
                     "multinode.nodes",
                     f"{plan.host} and {node} are nodes of one instance but their multinode or serve settings differ",
                 )
+
+
+def check_host_type(host: str, types: list[str]) -> None:
+    if len(types) > 1:
+        raise RuleError("groups", f"host {host} is in host types {' and '.join(types)}; a host has one type")
+
+
+def check_fleet(plans: list[Plan], types_of: Callable[[str], list[str]]) -> None:
+    """The rules across hosts, in one place for `provision plan` and the play (dflash.provision.fleet): a host has
+    one host type (its groups with a playbook of their own); a multi-node instance agrees on itself and spans
+    one host type. types_of: an inventory host's types."""
+    for plan in plans:
+        check_host_type(plan.host, types_of(plan.host))
+    check_instances(plans)
+    for plan in plans:
+        nodes = plan.config.multinode.nodes if plan.config.multinode else []
+        kinds = {node: types_of(node) for node in nodes}
+        if len({tuple(k) for k in kinds.values()}) > 1:
+            mixed = ", ".join(f"{node} ({'/'.join(k) or 'no type'})" for node, k in kinds.items())
+            raise RuleError("multinode.nodes", f"one instance spans one host type; got {mixed}")
