@@ -48,9 +48,10 @@ from ansible.vars.manager import VariableManager  # noqa: E402
 if _OWN_PROCESS and C.CONFIG_FILE != os.environ["ANSIBLE_CONFIG"]:
     raise RuntimeError(f"Ansible read {C.CONFIG_FILE}, not provision's {os.environ['ANSIBLE_CONFIG']}")
 
+from provision.ansible.origin import origin_of  # noqa: E402
 from provision.model.deployment import RuleError  # noqa: E402
 from provision.planning.planner import check_fleet, check_host_type  # noqa: E402
-from provision.planning.resolve import HostVars, origin_of, resolve_host  # noqa: E402
+from provision.planning.resolve import HostVars, resolve_host  # noqa: E402
 from provision.planning.types import Plan  # noqa: E402
 
 

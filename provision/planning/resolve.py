@@ -7,13 +7,12 @@ the `dflash_set` entry, or the `--set` option.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ansible._internal._datatag._tags import Origin
 from pydantic import ValidationError
 
+from provision.ansible.origin import origin_of, origin_path
 from provision.errors import InputError
 from provision.model import overrides
 from provision.model.deployment import Deployment, RuleError
@@ -31,15 +30,6 @@ CLI_SET_VAR = "dflash_cli_set"
 # sets one would be read by ansible-playbook and not by `provision plan`, so it is refused.
 RESERVED_VARS = (CLI_SET_VAR, "dflash_plan", "dflash_host_type", "dflash_standin_src")
 OTHER_VARS = (SET_VAR, *RESERVED_VARS)
-
-
-def origin_of(value: Any) -> str | None:
-    """ "file:line" where Ansible loaded a value from (or of an Origin itself), if it knows."""
-    tag = value if isinstance(value, Origin) else Origin.get_tag(value)
-    if tag is None or not tag.path:
-        return None
-    path = os.path.relpath(tag.path) if tag.path.startswith(os.getcwd() + os.sep) else tag.path
-    return f"{path}:{tag.line_num}" if tag.line_num else path
 
 
 class HostVars:
@@ -83,9 +73,8 @@ class HostVars:
             if name not in self.raw:
                 continue
             source = origin_of(self.raw[name])
-            tag = Origin.get_tag(self.raw[name])
-            in_inventory = bool(self.inventory_dir and tag and tag.path and
-                                tag.path.startswith(self.inventory_dir.rstrip("/") + "/"))  # fmt: skip
+            path = origin_path(self.raw[name])
+            in_inventory = bool(self.inventory_dir and path and path.startswith(self.inventory_dir.rstrip("/") + "/"))
             if self.inventory_dir is None or in_inventory:
                 raise InputError(
                     source or self.fallback, name, f"is set by provision itself; put overrides in {SET_VAR}"
