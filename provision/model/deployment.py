@@ -535,6 +535,7 @@ class Deployment(Section):
     python_env: PythonEnvSpec = PythonEnvSpec()
     service: ServiceSpec = ServiceSpec()
     multinode: MultiNode | None = None
+    watchdog: Watchdog = Field(default_factory=lambda: Watchdog())
 
     @property
     def nnodes(self) -> int:
@@ -697,3 +698,27 @@ def _given(model: BaseModel, prefix: str = "") -> Iterator[str]:
             yield from _given(value, f"{prefix}{name}.")
         else:
             yield f"{prefix}{name}"
+
+
+class Watchdog(Section):
+    """The acceptance watchdog on each host (roles/sglang_service/files/acceptance_watchdog.py): every interval it
+    reads the server's counters and judges the window's acceptance, generation tokens / verify calls."""
+
+    enabled: bool = True
+    initial_delay_s: int = Field(
+        default=300, ge=0, le=86400, description="after the server turns ready: warm-up and first requests"
+    )
+    interval_s: int = Field(default=60, ge=1, le=3600, description="one window")
+    min_verify_calls: int = Field(
+        default=100, ge=1, le=10_000_000, description="a window with fewer verify calls is inconclusive"
+    )
+    baseline: float | None = Field(
+        default=None, ge=1, le=64, description="the config's acceptance (a sweep's); unset: its first healthy windows"
+    )
+    baseline_windows: int = Field(default=3, ge=1, le=1000, description="healthy windows averaged into the baseline")
+    failure_fraction: float = Field(default=0.5, gt=0, lt=1, description="fails below this share of the baseline")
+    failure_floor: float = Field(default=1.5, ge=1, le=64, description="and below this acceptance length")
+    failure_limit: int = Field(default=3, ge=1, le=1000, description="consecutive failed windows before a rollback")
+
+
+Deployment.model_rebuild()  # Deployment names Watchdog before it is defined

@@ -17,4 +17,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.serial is not None and args.serial < 1:
         raise InputError("--serial", str(args.serial), "must be 1 or more")
     cli_set = overrides.split_set(args.set_)
-    return reconfigure(targets.inventory(args), args.host, cli_set, args.allow_untrained_depth, args.serial, console)
+    return reconfigure(
+        targets.inventory(args), args.host, cli_set, args.allow_untrained_depth, args.serial, console, args.force
+    )
