@@ -157,7 +157,6 @@ def test_a_collapse_is_rolled_back_by_the_watchdog_alone_and_only_on_that_host(h
         assert rolled, (state(a), record(a))
         st = state(a)
         request = rolled[0]["request"]
-        ready_after = st["rollback"]["at"] - switched_at
         # within the warm-up + failure_limit windows (+ one window to see it ready, + one for the first sample)
         assert request["at"] - switched_at <= BOUND, (request, switched_at)
         assert "3 consecutive failed windows" in request["reason"] and "below the floor" in request["reason"]
@@ -180,7 +179,7 @@ def test_a_collapse_is_rolled_back_by_the_watchdog_alone_and_only_on_that_host(h
         assert "SGLANG_SIMULATE_ACC_LEN" not in env_file(b)
     if os.environ.get("WATCHDOG_PLOT_DATA"):
         Path(os.environ["WATCHDOG_PLOT_DATA"]).write_text(
-            json.dumps({"switched_at": switched_at, "ready_after": ready_after, "state": state(a), "record": record(a)})
+            json.dumps({"switched_at": switched_at, "settings": WD, "state": state(a), "record": record(a)})
         )
 
     rc, out = provision("status", "--host", A, "--sandbox")
