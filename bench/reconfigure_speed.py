@@ -40,9 +40,9 @@ def main() -> None:
     console = Console(quiet=True)
     downtime, total, lag, own = [], [], [], []
     for i in range(args.repeat):
-        sets = {"serve.draft_window": str(1024 + 512 * (i % 2)), "serve.env.SGLANG_STANDIN_LOAD_S": str(args.load_s)}
+        sets = {"serve.draft_window": 1024 + 512 * (i % 2), "serve.env.SGLANG_STANDIN_LOAD_S": str(args.load_s)}
         start = time.monotonic()
-        [(plan, remote)] = plan_new(inventory, HOST, sets, False, console)
+        [(plan, remote)] = plan_new(inventory, HOST, sets, {}, False, console)
         check_with_parser(remote, plan)
         outcome = switch(plan, remote)
         elapsed = time.monotonic() - start

@@ -131,12 +131,12 @@ CONFLICTS = [
     (["sglang.source=wheel", "sglang.wheel=dist/sglang.whl"], ["sglang.wheel", "absolute path"]),
     (["sglang.source=wheel", "sglang.wheel=ftp://host/sglang.whl"], ["sglang.wheel", "URL"]),
     (["sglang.source=wheel", "sglang.wheel=/w/sglang.tar.gz"], ["sglang.wheel", ".whl"]),
-    (["sglang.git_ref=--upload-pack=x"], ["sglang.git_ref", "pattern"]),
+    (["sglang.git_ref=--upload-pack=x"], ["sglang.git_ref", "a git ref", "not starting with -"]),
     (["python_env.index_url=pypi.internal"], ["python_env.index_url", "URL"]),
     (['python_env.extra_requirements=["numpy>="]'], ["python_env.extra_requirements", "PEP 508"]),
-    (["flashinfer.arch_list=12.0; rm -rf /"], ["flashinfer.arch_list", "pattern"]),
-    (["service.name=.."], ["service.name", "pattern"]),
-    (["service.name=../etc/x"], ["service.name", "pattern"]),
+    (["flashinfer.arch_list=12.0; rm -rf /"], ["flashinfer.arch_list", "compute capabilities"]),
+    (["service.name=.."], ["service.name", "beginning with a letter or digit"]),
+    (["service.name=../etc/x"], ["service.name", "letters, digits and _ . -"]),
     (["service.start_timeout_s=99999999"], ["service.start_timeout_s", "less than or equal to 86400"]),
     (["service.stop_timeout_s=1"], ["service.stop_timeout_s", "greater than or equal to 5"]),
     (["service.limit_nofile=99999999"], ["service.limit_nofile", "less than or equal to 1048576"]),
@@ -157,7 +157,7 @@ SYSTEM_PATHS = [
     (["service.user=root"], ["service.user", "not root"]),
     (["service.name=ssh"], ["service.name", "a unit of the host itself"]),
     (["service.name=nvidia-persistenced"], ["service.name", "a unit of the host itself"]),
-    (["serve.mem_fraction=.nan"], ["serve.mem_fraction", "finite number"]),
+    (["serve.mem_fraction=.nan"], ["serve.mem_fraction", "valid number"]),  # YAML 1.2 JSON schema: text
     (["serve.context_length=100000000000000"], ["serve.context_length", "less than or equal to 10000000"]),
     (["serve.ddtree.budget=1000000000"], ["serve.ddtree.budget", "less than or equal to 4096"]),
 ]
@@ -246,7 +246,8 @@ BAD_FILES = [
         "group_vars/all.yml",
         "  git_ref: refs/pull/29907/head\n",
         "",
-        ["dflash_sglang.git_ref", "required when source is git"],
+        # given nowhere: the line that asks for it (source: git) is blamed, the message names the field
+        ["group_vars/all.yml:7: dflash_sglang.source", "sglang.git_ref is required when source is git"],
     ),
     ("hosts.yml", "b300-test:", "b300-test: [", ["hosts.yml:", "cannot parse the inventory"]),
     (

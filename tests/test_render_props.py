@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from provision.cli import main
 from provision.model.deployment import Deployment
-from provision.planning.render import API_KEY_REF
+from provision.planning.render import API_KEY_REF, needs
 
 HOST = "rtx6000"
 # Fields that change which directives exist, on purpose: their own tests cover them.
@@ -174,5 +174,19 @@ def test_any_set_text_is_refused_or_rendered_faithfully(item: str) -> None:
     )
 )
 def test_extra_args_words_read_back_exactly(word: str) -> None:
-    rc, out, err = plan("serve.extra_args=" + json.dumps(["--served-model-name-x", word]))
+    rc, out, err = plan("serve.extra_args=" + json.dumps(["--chat-template", word]))
     check(rc, out, err)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(230, 300))
+def test_a_unit_for_any_systemd_holds_only_what_that_systemd_reads(version: int) -> None:
+    """Refused below the essential directives' floor; otherwise every directive left is one it knows."""
+    rc, out, err = plan(f"service.systemd_version={version}")
+    if rc == 2:
+        assert version < 240 and "service.systemd_version" in err, err
+        return
+    assert rc == 0, err
+    unit = json.loads(out)["unit"]
+    assert all(needs(line)[1] <= version for line in unit.splitlines() if re.fullmatch(r"[A-Za-z]+=.*", line))
+    assert ("\nRestartSteps=5" in unit) == (version >= 254)

@@ -228,7 +228,7 @@ def test_a_stuck_holder_is_named_when_the_wait_gives_up(monkeypatch, run) -> Non
     monkeypatch.setattr(lock, "WAIT_S", 0.5)
     with lock.exclusive("up"):
         rc, _, err = run("sandbox", "down")
-    assert rc == 1
+    assert rc == 3  # ExitCode.BUSY
     assert f"`provision sandbox up` (pid {os.getpid()}) has held {layout.lock_file()} for more than 0 s" in err
     assert "gave up waiting" in err
 

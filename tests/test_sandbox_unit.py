@@ -32,7 +32,9 @@ HOSTILE = {
     "service.config_dir": "/etc/rt conf %i",
     "triton.cache_dir": "/var/cache/rt triton/$HOME %t",
     "flashinfer.workspace_base": '/var/cache/rt fi/"quoted"',
-    "serve.extra_args": json.dumps(["--x", ";", "a b", "$HOME", "%h", "back\\slash", "tail\\", API_KEY_REF]),
+    "serve.extra_args": json.dumps(
+        ["--uvicorn-access-log-exclude-prefixes", ";", "a b", "$HOME", "%h", "back\\slash", "tail\\", API_KEY_REF]
+    ),
     "serve.env.RT_VALUE": 'a "b" $c `d` \\e %f ${HOME}',
 }
 

@@ -153,12 +153,13 @@ def test_triton_compiles_for_the_arch_with_the_roles_environment(fresh_hosts, ap
 
 
 def test_sglang_refuses_a_launch_command_its_parser_rejects(applied) -> None:
-    """A flag the plan cannot judge (extra_args) reaches the build's own parser, which refuses it before the
-    service is touched; a release build claiming the DDTree PR's dialect is refused by the plan already."""
-    rc, out = applied("--limit", "b300-sbx", "--set", 'serve.extra_args=["--no-such-flag"]')
+    """A value the plan cannot judge (extra_args are read with SGLang's grammar, their values are not) reaches
+    the build's own parser, which refuses it before the service is touched; a release build claiming the
+    DDTree PR's dialect is refused by the plan already."""
+    rc, out = applied("--limit", "b300-sbx", "--set", 'serve.extra_args=["--schedule-policy", "bogus"]')
     assert rc != 0, out
     assert "the installed SGLang (sglang==0.5.23, dialect sglang-0.5.23) refuses the launch command" in out
-    assert "unrecognized arguments: --no-such-flag" in out
+    assert "argument --schedule-policy: invalid choice: 'bogus'" in out
     rc, out = applied(
         "--limit", "b300-sbx", "--set", "sglang.dialect=ddtree-pr29907", "--set", "serve.algorithm=DDTREE"
     )

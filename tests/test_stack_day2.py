@@ -226,7 +226,7 @@ def test_a_second_reconfigure_while_one_runs_is_refused(host) -> None:
             assert time.monotonic() < deadline and slow.poll() is None, slow.stdout.read() if slow.stdout else ""
             time.sleep(0.2)
         rc, out = provision("reconfigure", "--host", HOST, "--sandbox", "--set", "serve.draft_window=2048")
-        assert rc == 2, out
+        assert rc == 3, out  # ExitCode.BUSY
         assert "refused: another reconfigure is running there" in out
     finally:
         first_out = slow.communicate(timeout=300)[0]

@@ -41,7 +41,7 @@ configs:
     set:
       serve.algorithm: DDTREE
       serve.ddtree.budget: 8
-      serve.ddtree.topk: "4"        # text is parsed to the field's type, as with --set
+      serve.ddtree.topk: 4          # typed by YAML: a quoted "4" is text, refused for an integer
       serve.draft_window: 2048
   - name: b16.deep
     set: {serve.block_size: 16, serve.draft_window: null, serve.extra_args: [--foo, "1"]}
@@ -101,7 +101,7 @@ BAD = [
     # strict like the deployment: YAML's yes is no concurrency
     ("configs:\n  - name: a\ngrid:\n  - {concurrency: yes, input_tokens: 60}\n", 4, "grid[0].concurrency",
      ["valid integer", "got True"]),
-    ("configs:\n  - name: a b\n", 2, "configs[0].name", ["pattern", "'a b'"]),
+    ("configs:\n  - name: a b\n", 2, "configs[0].name", ["letters, digits and _ . -", "'a b'"]),
     ("configs:\n  - name: a\n  - name: b\n  - name: a\n", 4, "configs[2].name", ["'a'", "configs[0]"]),
     ("configs:\n  - name: a\n    sets: {}\n", 3, "configs[0].sets",
      ["unknown key", "allow_untrained_depth, name, set"]),
@@ -114,7 +114,8 @@ BAD = [
      ["DFLASH", "DDTREE", "NONE"]),
     ("configs:\n  - name: a\n    set:\n      serve.draft_window: lots\n", 4, "configs[0].set.serve.draft_window",
      ["integer", "'lots'"]),
-    ("configs:\n  - name: a\n    set:\n      serve.ddtree: 8\n", 4, "configs[0].set.serve.ddtree", ["DDTree"]),
+    ("configs:\n  - name: a\n    set:\n      serve.ddtree: 8\n", 4, "configs[0].set.serve.ddtree",
+     ["a mapping, got an integer"]),
     ("configs:\n  - name: a\n    set:\n      serve.allow_untrained_depth: true\n", 4,
      "configs[0].set.serve.allow_untrained_depth", ["allow_untrained_depth: true"]),
     ("configs:\n  - name: a\n    allow_untrained_depth: maybe\n", 3, "configs[0].allow_untrained_depth",
@@ -176,7 +177,7 @@ def test_shipped_quick_sweep() -> None:
 
 
 def _argv_of(plan_json: Callable[..., dict], host: str, config_set: dict, *extra: str) -> list[str]:
-    sets = [f"{k}={'null' if v is None else v}" for k, v in config_set.items()]
+    sets = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in config_set.items()]
     plan = plan_json("--host", host, *extra, *[x for s in sets for x in ("--set", s)])
     return plan["argv"]
 
@@ -538,3 +539,19 @@ def test_loadgen_counts_refused_requests(standin: str) -> None:
     assert (result.completed, result.failed) == (0, 2)
     assert result.output_tok_s == 0 and result.accept_length is None
     assert any("401" in e for e in result.errors)
+
+
+def test_server_info_is_recorded_without_secrets() -> None:
+    """SGLang's /get_server_info returns its server_args, API keys included: a sweep record never keeps them."""
+    from provision.sweep.load import redacted
+
+    info = {"api_key": "sk-live", "admin_api_key": "adm-9f", "port": 30000, "ssl_keyfile_password": None,
+            "launch_command": "--port 30000 --api-key sk-cmd --admin-api-key=sk-eq", "argv": ["--api-key", "sk-argv"],
+            "internal_states": [{"api_key": "nested", "avg_spec_accept_length": 3.1}]}  # fmt: skip
+    out = redacted(info)
+    assert not any(s in json.dumps(out) for s in ("sk-live", "adm-9f", "nested", "sk-cmd", "sk-eq", "sk-argv"))
+    assert out["port"] == 30000 and out["ssl_keyfile_password"] is None
+    assert out["internal_states"][0]["avg_spec_accept_length"] == 3.1
+    shipped = (Path(__file__).resolve().parent.parent / "docs" / "sweep-quick" / "results.jsonl").read_text()
+    assert all(json.loads(line)["server_info"].get("api_key") in (None, "(redacted)")
+               for line in shipped.splitlines() if line.strip() and json.loads(line).get("server_info"))  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -14,7 +15,8 @@ from rich.console import Console
 from rich.text import Text
 
 from provision import paths
-from provision.files import write_atomic
+from provision.errors import one_line
+from provision.files import file_name, write_atomic
 from provision.planning.resolve import CLI_SET_VAR
 from provision.planning.types import Plan
 
@@ -29,20 +31,26 @@ def playbook_for(groups_by_host: dict[str, list[str]]) -> Path:
 
 
 class Progress:
-    """ansible-runner event handler: one line per task and per host result."""
+    """ansible-runner event handler: one line per task and per host result. Names and messages are one_line'd: a
+    host, task or message brings no newline, control or bidi character to the terminal."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
+        # each host's last resolved plan: the play resolves again for the host's own systemd, and the roles
+        # act on that one
+        self.resolved: dict[str, dict[str, Any]] = {}
 
     def __call__(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data", {})
         if kind == "playbook_on_play_start":
-            self.console.print(Text("PLAY ", style="bold").append(data.get("name", ""), style=""))
+            self.console.print(Text("PLAY ", style="bold").append(one_line(str(data.get("name", ""))), style=""))
         elif kind == "playbook_on_task_start":
-            self.console.print(Text("  TASK ", style="bold").append(data.get("task", ""), style=""))
+            self.console.print(Text("  TASK ", style="bold").append(one_line(str(data.get("task", ""))), style=""))
         elif kind.startswith("runner_on_") and kind != "runner_on_start":
             res = data.get("res", {})
+            if kind == "runner_on_ok" and "dflash_plan" in res.get("ansible_facts", {}):
+                self.resolved[data.get("host", "")] = res["ansible_facts"]["dflash_plan"]
             status = {
                 "runner_on_ok": "changed" if res.get("changed") else "ok",
                 "runner_on_failed": "ignored" if data.get("ignore_errors") else "failed",
@@ -53,24 +61,30 @@ class Progress:
                 line = (
                     Text("    ")
                     .append(status, style=STATUS_STYLE.get(status, "white"))
-                    .append(f": {data.get('host', '')}")
+                    .append(f": {one_line(str(data.get('host', '')))}")
                 )
                 if status in ("failed", "unreachable") and res.get("msg"):
-                    line.append(f" - {res['msg']}")  # text as Ansible wrote it: never markup
+                    line.append(f" - {one_line(str(res['msg']))}")  # text as Ansible wrote it: never markup
                 self.console.print(line, highlight=False, soft_wrap=True)
                 if status == "ok" and data.get("task_action") in DEBUG_ACTIONS and res.get("msg"):
                     # what a role reports on purpose, like why a check was skipped
                     for text in res["msg"] if isinstance(res["msg"], list) else [res["msg"]]:
-                        self.console.print(f"      {text}", highlight=False, soft_wrap=True, markup=False)
+                        self.console.print(
+                            f"      {one_line(str(text))}", highlight=False, soft_wrap=True, markup=False
+                        )
         return True
 
 
-def record_plans(plans: list[Plan], run_dir: Path) -> None:
-    """What was decided for each host, next to ansible-runner's artifacts of the same run."""
+def record_plans(plans: list[Plan], run_dir: Path, resolved: dict[str, dict[str, Any]] | None = None) -> None:
+    """What was decided for each host, next to ansible-runner's artifacts of the same run: plans/HOST.json (the host
+    name made a safe file name, files.file_name), the CLI's plan before the run, then the one the play resolved
+    last for the host (rendered for its own systemd), which the roles applied."""
     plan_dir = run_dir / "plans"
     plan_dir.mkdir(parents=True, exist_ok=True)
     for plan in plans:
-        write_atomic(plan_dir / f"{plan.host}.json", plan.model_dump_json(indent=2) + "\n")
+        played = (resolved or {}).get(plan.host)
+        text = json.dumps(played, indent=2) if played is not None else plan.model_dump_json(indent=2)
+        write_atomic(plan_dir / f"{file_name(plan.host)}.json", text + "\n")
 
 
 def run_playbook(
@@ -97,6 +111,7 @@ def run_playbook(
         cmdline += ["--tags", tags]
     shown = playbook.relative_to(paths.data_dir())
     console.print(f"playbook {shown}, inventory {inventory}, run record {run_dir}", style="dim", markup=False)
+    progress = Progress(console)
     runner = ansible_runner.run(
         private_data_dir=str(run_dir),
         project_dir=str(paths.data_dir()),
@@ -109,9 +124,10 @@ def run_playbook(
             # this environment's ansible-playbook first, whatever PATH says
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         },
-        event_handler=Progress(console),
+        event_handler=progress,
         quiet=True,
     )
+    record_plans(plans, run_dir, progress.resolved)
     print_recap(runner.stats or {}, console)
     if runner.rc != 0 and not runner.stats:
         console.print(f"[bold red]ansible-playbook failed (rc {runner.rc}):[/]")
@@ -136,4 +152,4 @@ def print_recap(stats: dict[str, dict[str, int]], console: Console) -> None:
     ]
     for host in hosts:
         counts = " ".join(f"{name}={stats.get(key, {}).get(host, 0)}" for name, key in columns)
-        console.print(f"{host} : {counts}", highlight=False, soft_wrap=True, markup=False)
+        console.print(f"{one_line(host)} : {counts}", highlight=False, soft_wrap=True, markup=False)

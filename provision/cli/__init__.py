@@ -1,34 +1,117 @@
 """The `provision` command line: its parser, and main(), which dispatches to provision/cli/commands/VERB.py and turns
-every failure into one line."""
+every failure into one line and an exit code (provision.errors.ExitCode)."""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType, RenderHook, RenderResult
+from rich.segment import Segment
 
 from provision import __version__
-from provision.errors import ProvisionError, one_line
+from provision.errors import ExitCode, OutputError, ProvisionError, one_line
 from provision.files import write_atomic
 
 STATE_ROOT = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "dflash-provision"
 DEFAULT_STATE = STATE_ROOT / "runs"
 
 
+class _Escaped:
+    """A renderable's segments with their text escaped by one_line (newlines kept); rich's own control codes (the
+    cursor moves of a live status) pass as they are."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for segment in console.render(self.renderable, options):
+            yield segment if segment.control else Segment(one_line(segment.text, keep_newlines=True), segment.style)
+
+
+class _EscapeAll(RenderHook):
+    """Everything the console prints (plan tables, apply's progress, status, sweep and verify reports) reaches the
+    terminal with no control or format character of a host, group, value or remote's reply left raw. Escaping after
+    layout can widen a line: the plan table escapes its values itself, before layout; this catches the rest."""
+
+    def process_renderables(self, renderables: list[Any]) -> list[Any]:
+        return [_Escaped(renderable) for renderable in renderables]
+
+
 class _Console(Console):
+    def __init__(self) -> None:
+        super().__init__()
+        self.push_render_hook(_EscapeAll())
+
     def on_broken_pipe(self) -> None:  # rich's hook (its default exits 1): one handler for every closed pipe, main's
         raise BrokenPipeError
 
 
+class _Stdout:
+    """sys.stdout while a verb runs: a failed write or flush raises OutputError (main's handler reports it, exit 4);
+    a closed pipe stays BrokenPipeError (141)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return _guarded(self._stream.write, text)
+
+    def flush(self) -> None:
+        _guarded(self._stream.flush)
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ... as the stream's
+        return getattr(self._stream, name)
+
+
+def _guarded(call: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return call(*args)
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        raise OutputError(err) from None
+
+
+def _open_standard_streams() -> bool:
+    """Point a closed fd 0, 1 or 2 at /dev/null and give Python a stream for it; whether stdout was open. Left closed,
+    the next file opened takes the number, and what Ansible, a child or Python write to it lands in that file (and
+    Ansible fails at import on a missing sys.stderr)."""
+    stdout_open = sys.stdout is not None
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself, when the lower ones are open
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    sys.stdin = sys.stdin or open(0, closefd=False)  # noqa: SIM115 - the process's own stream, never closed
+    sys.stdout = sys.stdout or open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = sys.stderr or open(2, "w", closefd=False)  # noqa: SIM115
+    return stdout_open
+
+
+def _say(line: str) -> None:
+    """One line to stderr, if it can be written: a full or broken stderr leaves the exit code to tell."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
-        self.exit(2, f"provision: error: {message} (see `{self.prog} --help`)\n")
+        _say(f"provision: error: {one_line(message)} (see `{self.prog} --help`)")
+        self.exit(ExitCode.BAD_INPUT)
 
 
 def _inventory_arg(value: str) -> Path:
@@ -37,7 +120,9 @@ def _inventory_arg(value: str) -> Path:
     return Path(value)
 
 
-def _common(sub: argparse.ArgumentParser) -> None:
+def _common(sub: argparse.ArgumentParser, takes_set: bool = True) -> None:
+    """--host and where the inventory is; --set only for the verbs that plan with it: a setting taken and then
+    ignored is refused by argparse instead (exit 2)."""
     sub.add_argument("--host", required=True, help="an inventory host or group")
     where = sub.add_mutually_exclusive_group()
     where.add_argument(
@@ -46,14 +131,15 @@ def _common(sub: argparse.ArgumentParser) -> None:
         help="inventory directory or file (default: $PROVISION_INVENTORY, else ./inventory)",
     )
     where.add_argument("--sandbox", action="store_true", help="target the local sandbox hosts' inventory")
-    sub.add_argument(
-        "--set",
-        dest="set_",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one value of the resolved config for this run, e.g. serve.block_size=4 (repeatable)",
-    )
+    if takes_set:
+        sub.add_argument(
+            "--set",
+            dest="set_",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override one value of the resolved config for this run, e.g. serve.block_size=4 (repeatable)",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,10 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     reconf.add_argument("--force", action="store_true", help="apply a config the acceptance watchdog rolled back")
 
     status = subs.add_parser("status", help="the service's state, serving and last good config, acceptance, GPU memory")
-    _common(status)
+    _common(status, takes_set=False)
 
     sweep = subs.add_parser("sweep", help="benchmark each config of a matrix on one host; report the table")
-    _common(sweep)
+    _common(sweep, takes_set=False)  # its settings are the matrix's configs
     sweep.add_argument(
         "--matrix", type=Path, required=True, help="configs and grid (sweeps/seed.yml, sweeps/quick.yml)"
     )
@@ -107,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
 
     logs = subs.add_parser("logs", help="the service's journal")
-    _common(logs)
+    _common(logs, takes_set=False)
     logs.add_argument("-n", type=int, default=100, help="lines (default 100)")
     logs.add_argument("--follow", action="store_true")
 
@@ -135,28 +221,50 @@ def _crash_report(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    stdout_open = _open_standard_streams()
+    # Ansible's debug lines go to stdout, into `plan --json`: off, before any verb imports Ansible (the environment
+    # also reaches the ansible-playbook apply starts, whose output ansible-runner keeps).
+    os.environ["ANSIBLE_DEBUG"] = "False"
     args = build_parser().parse_args(argv)
     console = _Console()
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
     try:
+        if not stdout_open:  # refused before anything is done: what it did could not be reported
+            raise OutputError(OSError(errno.EBADF, "stdout is closed"))
         # each verb's module is imported only when used: Ansible is slow to import
         rc = importlib.import_module(f"provision.cli.commands.{args.command}").run(args, console)
-        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        sys.stdout.flush()  # a closed pipe or a full disk shows here, inside the handlers, not at interpreter exit
         return rc
     except BrokenPipeError:
-        # The reader went away (`| head`): end quietly as a SIGPIPE'd tool would (128 + 13), and point stdout at
-        # /dev/null so the interpreter's final flush cannot raise again (Python's documented recipe).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        # The reader went away (`| head`): end quietly as a SIGPIPE'd tool would, and point stdout at /dev/null so
+        # the interpreter's final flush cannot raise again (Python's documented recipe).
+        _discard_stdout(stdout)
+        return ExitCode.CLOSED_PIPE
+    except OutputError as err:
+        _discard_stdout(stdout)
+        _say(f"provision: {err.label}: {err}")
+        return err.exit_code
     except ProvisionError as err:
-        print(f"provision: {err.label}: {err}", file=sys.stderr)
+        _say(f"provision: {err.label}: {err}")
         return err.exit_code
     except KeyboardInterrupt:
-        print("provision: interrupted", file=sys.stderr)
-        return 130
+        _say("provision: interrupted")
+        return ExitCode.INTERRUPTED
     except Exception as err:  # the last resort: one line and a crash file, never a bare traceback
         if args.debug:
             traceback.print_exc()
         else:
             where = _crash_report(err)
-            print(f"provision: internal error: {type(err).__name__}: {one_line(str(err))} ({where})", file=sys.stderr)
-        return 1
+            _say(f"provision: internal error: {type(err).__name__}: {one_line(str(err))} ({where})")
+        return ExitCode.FAILED
+    finally:
+        sys.stdout = stdout
+
+
+def _discard_stdout(stdout: TextIO) -> None:
+    """What stdout still buffers goes to /dev/null: the interpreter's final flush would fail again (exit 120)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+    except (OSError, ValueError):  # not a file (a test's capture): nothing is flushed to a descriptor at exit
+        pass

@@ -1,4 +1,5 @@
-"""The plan as a person reads it. Values are `Text`, never markup: `[bold]` or `:smile:` in a value shows as typed."""
+"""The plan as a person reads it. Values are `Text`, never markup: `[bold]` or `:smile:` in a value shows as typed;
+control and format characters (escape sequences, bidi overrides) show escaped (errors.one_line), before layout."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from provision.errors import one_line
 from provision.planning.planner import url_host
 from provision.planning.types import Plan
 
@@ -60,18 +62,35 @@ def _table(rows: list[tuple[str, str]], name_style: str) -> Table:
     table.add_column(style=name_style, no_wrap=True)
     table.add_column(overflow="fold")
     for name, value in rows:
-        table.add_row(Text(name), Text(value))
+        table.add_row(Text(one_line(name)), Text(one_line(value)))
     return table
+
+
+def _quote(arg: str) -> str:
+    """shlex.quote, or bash's $'...' for an argument with a character one_line escapes: what is shown is one line
+    a shell reads back as the same argument."""
+    if one_line(arg) == arg:
+        return shlex.quote(arg)
+    return "$'" + "".join(_bash_escape(c) for c in arg) + "'"
+
+
+def _bash_escape(c: str) -> str:
+    if c in "\\'":
+        return "\\" + c
+    if one_line(c) == c:
+        return c
+    # bash's \xHH is a byte: past ASCII, the code point (\U, as UTF-8 in a UTF-8 locale)
+    return one_line(c) if ord(c) < 0x80 else f"\\U{ord(c):08x}"
 
 
 def _command(argv: list[str], args: list[str]) -> str:
     """Shell-quoted, the executable part first, then one option and its value per line."""
-    lines = [shlex.join(argv[: len(argv) - len(args)])]
+    lines = [" ".join(_quote(arg) for arg in argv[: len(argv) - len(args)])]
     for arg in args:
         if arg.startswith("--") or len(lines) == 1:
-            lines.append(shlex.quote(arg))
+            lines.append(_quote(arg))
         else:
-            lines[-1] += " " + shlex.quote(arg)
+            lines[-1] += " " + _quote(arg)
     return " \\\n    ".join(lines)
 
 
@@ -80,7 +99,11 @@ def print_plan(plan: Plan, console: Console) -> None:
         _facts(plan),
         Panel(_table(list(plan.env.items()), "green"), title="environment", title_align="left"),
         Panel(Text(_command(plan.argv, plan.server_args)), title="launch command", title_align="left"),
-        Panel(Syntax(plan.unit, "ini", word_wrap=True), title="systemd unit", title_align="left"),
+        Panel(
+            Syntax(one_line(plan.unit, keep_newlines=True), "ini", word_wrap=True),
+            title="systemd unit",
+            title_align="left",
+        ),
     )
-    title = Text.assemble((plan.host, "bold"), f" ({', '.join(plan.groups)})")
+    title = Text.assemble((one_line(plan.host), "bold"), one_line(f" ({', '.join(plan.groups)})"))
     console.print(Panel(body, title=title, title_align="left"))

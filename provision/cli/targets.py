@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from provision.errors import InputError
 from provision.model import overrides
@@ -36,5 +36,11 @@ def inventory(args: argparse.Namespace) -> Inventory:
     return Inventory(inventory_path(args))
 
 
+def cli_set(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """`--set` as typed overrides (read once, here) and the text as given, for messages."""
+    text = overrides.split_set(args.set_)
+    return overrides.parse_set(text), text
+
+
 def plans(args: argparse.Namespace) -> list[Plan]:
-    return inventory(args).plans(args.host, overrides.split_set(args.set_))
+    return inventory(args).plans(args.host, *cli_set(args))

@@ -6,8 +6,9 @@ import io
 import os
 import re
 import stat
+import sys
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -20,23 +21,37 @@ from provision.errors import InputError
 # An inventory Ansible cannot parse must be an error, not a warning and an empty host list.
 os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
 os.environ.setdefault("ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED", "True")
-# Forced, not defaults: a key given twice is a mistake, never "the last one wins"; and only the YAML plugin
-# reads inventories (the ini plugin takes any text file, a key file included, for a host list; the script
-# plugin runs executables). The environment is inherited by the ansible-playbook that `apply` starts.
-os.environ["ANSIBLE_DUPLICATE_YAML_DICT_KEY"] = "error"
+# Forced, not defaults: only the YAML plugin reads inventories (the ini plugin takes any text file, a key file
+# included, for a host list; the script plugin runs executables). A key given twice is refused by check_files,
+# which knows YAML's merge keys: Ansible's own check counts a key that overrides a merged one (`<<: *base`) as a
+# duplicate, so it is told to keep quiet. The environment is inherited by the ansible-playbook that `apply` starts.
+os.environ["ANSIBLE_DUPLICATE_YAML_DICT_KEY"] = "ignore"
 os.environ["ANSIBLE_INVENTORY_ENABLED"] = "yaml"
+# The configuration the play runs under (apply forces it on ansible-playbook): an ansible.cfg in the working
+# directory, ~/.ansible.cfg or $ANSIBLE_CONFIG would otherwise change what plan resolves and not what apply does.
+# (Inside a running ansible-playbook, Ansible is configured already and its own configuration stands.)
+_OWN_PROCESS = "ansible.constants" not in sys.modules
+if _OWN_PROCESS:
+    os.environ["ANSIBLE_CONFIG"] = str(paths.ansible_config())
+# group_vars and host_vars are read when a host's variables are asked for, never while the inventory is parsed
+# (an ansible.cfg may say `stage = inventory`): check_vars_files checks them in between.
+os.environ["ANSIBLE_VARS_PLUGIN_STAGE"] = "task"
 
 import ansible.constants as C  # noqa: E402
 from ansible.errors import AnsibleError  # noqa: E402
 from ansible.inventory.manager import IGNORED, InventoryManager  # noqa: E402
 from ansible.parsing.dataloader import DataLoader  # noqa: E402
 from ansible.template import Templar  # noqa: E402
+from ansible.vars.hostvars import HostVars as AnsibleHostVars  # noqa: E402
 from ansible.vars.manager import VariableManager  # noqa: E402
+
+if _OWN_PROCESS and C.CONFIG_FILE != os.environ["ANSIBLE_CONFIG"]:
+    raise RuntimeError(f"Ansible read {C.CONFIG_FILE}, not provision's {os.environ['ANSIBLE_CONFIG']}")
 
 from provision.model.deployment import RuleError  # noqa: E402
 from provision.planning.planner import check_instances  # noqa: E402
-from provision.planning.resolve import HostVars, origin_of, plan_host  # noqa: E402
-from provision.planning.types import Plan
+from provision.planning.resolve import HostVars, origin_of, resolve_host  # noqa: E402
+from provision.planning.types import Plan  # noqa: E402
 
 
 def _ansible_message(err: BaseException) -> tuple[str, str]:
@@ -50,7 +65,8 @@ def _ansible_message(err: BaseException) -> tuple[str, str]:
     return "", " ".join(str(getattr(err, "message", err)).split())
 
 
-# An inventory is a few hundred YAML nodes; an alias bomb ("billion laughs") is billions once expanded.
+# What aliases may add to a file, beyond the nodes it spells out: an inventory's aliases add a few hundred nodes,
+# an alias bomb ("billion laughs") billions. The file's own nodes are bounded by MAX_FILE_BYTES.
 MAX_NODES = 100_000
 MAX_FILE_BYTES = 8 << 20
 YAML_SUFFIXES = ("", *C.YAML_FILENAME_EXTENSIONS)
@@ -86,9 +102,11 @@ def _read(path: Path, st: os.stat_result, what: str) -> str:
 
 
 def _check_aliases(path: Path, text: str) -> None:
-    """Refuse a file whose aliases expand past MAX_NODES, from the parser's events: nothing is expanded here."""
+    """Refuse a file whose aliases add more than MAX_NODES nodes once expanded, counted from the parser's events:
+    nothing is expanded here. An alias adds the expanded size of its anchor's node, less the one alias node."""
     anchored: dict[str, int] = {}
     frames: list[list[Any]] = [[0, None]]  # [expanded nodes so far, anchor] per open collection
+    added = 0
     try:
         for event in yaml.parse(text, Loader=yaml.CSafeLoader):
             if isinstance(event, yaml.CollectionStartEvent):
@@ -100,20 +118,50 @@ def _check_aliases(path: Path, text: str) -> None:
                 size, anchor = 1, event.anchor
             elif isinstance(event, yaml.AliasEvent):
                 size, anchor = anchored.get(event.anchor, 1), None
+                added += size - 1
             else:
                 continue
             if anchor:
                 anchored[anchor] = size
             frames[-1][0] += size
-            if frames[-1][0] > MAX_NODES:
+            if added > MAX_NODES:
                 raise InputError(
                     f"{path}:{event.start_mark.line + 1}",
-                    f"alias *{event.anchor}" if isinstance(event, yaml.AliasEvent) else "",
-                    f"expands to more than {MAX_NODES} YAML nodes (an alias bomb?); an inventory file may expand "
-                    f"to at most {MAX_NODES}",
+                    f"alias *{event.anchor}",
+                    f"its aliases add more than {MAX_NODES} YAML nodes once expanded (an alias bomb?); the aliases "
+                    f"of an inventory file may add at most {MAX_NODES}",
                 )
     except yaml.YAMLError:
         return  # not YAML: Ansible's parser says where, with its own message
+
+
+def _check_duplicate_keys(path: Path, text: str) -> None:
+    """A key given twice in one mapping is refused; a key that overrides one merged in by `<<` is YAML's merge."""
+    try:
+        root = yaml.compose(text, Loader=yaml.CSafeLoader)
+    except yaml.YAMLError:
+        return  # not YAML: said elsewhere, with the parser's own message
+    seen_nodes: set[int] = set()
+    todo = [root] if root is not None else []
+    while todo:
+        node = todo.pop()
+        if id(node) in seen_nodes:  # an alias is the same node again: walked once
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in keys:
+                        raise InputError(
+                            f"{path}:{key.start_mark.line + 1}",
+                            key.value,
+                            "given twice in one mapping; give each key once (a key may override one merged in with <<)",
+                        )
+                    keys.add(key.value)
+                todo += [key, value]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += node.value
 
 
 GROUP_KEYS = {"hosts", "vars", "children"}
@@ -199,33 +247,72 @@ def _check_inventory_dir(directory: Path, seen: set[tuple[int, int]]) -> None:
             )
         text = _read(path, st, "an inventory file must be a regular file")
         _check_aliases(path, text)
+        _check_duplicate_keys(path, text)
         _check_structure(path, text)
 
 
-def _check_vars_tree(directory: Path, seen: set[tuple[int, int]]) -> None:
-    """group_vars/ or host_vars/: Ansible reads <name>, <name>.yml, ... and every such file under a <name>/."""
-    names = [n for n in _entries(directory, seen) if not n.startswith(".") and not n.endswith("~")]  # as Ansible
-    stems: dict[str, str] = {}
-    for name in names:
-        stem, suffix = os.path.splitext(name)
-        if suffix in YAML_SUFFIXES and stems.setdefault(stem, name) != name:
-            raise InputError(
-                str(directory / name),
-                "",
-                f"and {stems[stem]} both hold the variables of {stem}, which Ansible merges silently; keep one",
-            )
-    for name in names:
+def _check_vars_entries(directory: Path, seen: set[tuple[int, int]]) -> None:
+    """Every entry under group_vars/ or host_vars/ is a regular file or a directory, checked by stat alone: a FIFO
+    would block whoever opens it, a socket or device is no vars file, a dangling link is a mistake."""
+    for name in _entries(directory, seen):
         path = directory / name
         st = _stat(path, "a vars file must be a regular file, a vars directory a directory")
-        if stat.S_ISDIR(st.st_mode) and not path.suffix:
-            _check_vars_tree(path, seen)
-        elif path.suffix in YAML_SUFFIXES:
-            what = "a vars file must be a regular file (a directory of vars files is named without an extension)"
-            _check_aliases(path, _read(path, st, what))
+        if stat.S_ISDIR(st.st_mode):
+            _check_vars_entries(path, seen)
+        elif not stat.S_ISREG(st.st_mode):
+            kind = NOT_REGULAR.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise InputError(str(path), "", f"is {kind}, not a regular file; group_vars and host_vars hold vars files")
 
 
-def check_files(path: Path) -> None:
-    """Every file Ansible will read for this inventory is a regular, bounded YAML file: refuse the rest by name."""
+def _vars_candidates(vars_dir: Path, name: str) -> list[Path]:
+    """The paths Ansible's host_group_vars plugin tries for an entity, in its order (DataLoader.find_vars_files):
+    NAME (a directory or a file), then NAME.yml, .yaml, .json; it reads the first that exists, ignores the rest."""
+    return [vars_dir / f"{name}{ext}" for ext in YAML_SUFFIXES]
+
+
+def _check_entity_vars(vars_dir: Path, kind: str, name: str, loader: DataLoader) -> None:
+    """The vars files Ansible will load for one host or group: one candidate at most, each file bounded."""
+    if "/" in name or "\0" in name or name in (".", ".."):
+        raise InputError(
+            str(vars_dir),
+            f"{kind} {name}",
+            f"Ansible looks up a {kind}'s variables as {vars_dir.name}/NAME, NAME.yml, ...: a {kind} name is one "
+            "file name (no '/', no NUL, not '.' or '..')",
+        )
+    found = [p for p in _vars_candidates(vars_dir, name) if os.path.lexists(p)]
+    if len(found) > 1:
+        shown = [p.name + ("/" if p.is_dir() else "") for p in found]
+        raise InputError(
+            str(found[1]),
+            "",
+            f"and {shown[0]} both hold the variables of {kind} {name}; Ansible reads only {shown[0]} and ignores "
+            f"the other; keep one",
+        )
+    what = "a vars file must be a regular file (a directory of vars files is named without an extension)"
+    if found and found[0].name != name and found[0].is_dir():  # Ansible would read NAME.yml/ as a vars directory
+        raise InputError(str(found[0]), "", f"is a directory, not a regular file; {what}")
+    for file in loader.find_vars_files(str(vars_dir), name):
+        path = Path(file)
+        text = _read(path, _stat(path, what), what)
+        _check_aliases(path, text)
+        _check_duplicate_keys(path, text)
+
+
+def check_vars_files(base: Path, manager: InventoryManager, loader: DataLoader) -> None:
+    """The files of group_vars/ and host_vars/ next to the inventory that Ansible will load for its hosts and
+    groups (the host_group_vars plugin's own rule), before anything loads them; other files there are never read."""
+    entities = [("group_vars", "group", sorted(manager.groups)), ("host_vars", "host", sorted(manager.hosts))]
+    for tree, kind, names in entities:
+        vars_dir = base / tree
+        if os.path.isdir(vars_dir):
+            for name in names:
+                if not name.startswith(os.sep):  # as host_group_vars: a 'chroot' host /path/to/root has no vars files
+                    _check_entity_vars(vars_dir, kind, name, loader)
+
+
+def check_files(path: Path) -> Path:
+    """Every inventory file Ansible will read is a regular, bounded YAML file, and group_vars/ and host_vars/ hold
+    only regular files and directories: refuse the rest by name. Returns the directory of the vars trees."""
     st = _stat(path, "pass an inventory directory or YAML file")
     seen: set[tuple[int, int]] = set()
     if stat.S_ISDIR(st.st_mode):
@@ -234,6 +321,7 @@ def check_files(path: Path) -> None:
     else:
         text = _read(path, st, "pass an inventory directory or YAML file")
         _check_aliases(path, text)
+        _check_duplicate_keys(path, text)
         _check_structure(path, text)
         base = path.parent
     for tree in ("group_vars", "host_vars"):
@@ -241,7 +329,8 @@ def check_files(path: Path) -> None:
         if os.path.lexists(vars_dir):
             if not stat.S_ISDIR(_stat(vars_dir, f"{tree} must be a directory").st_mode):
                 raise InputError(str(vars_dir), "", f"is not a directory; {tree} must be a directory of vars files")
-            _check_vars_tree(vars_dir, seen)
+            _check_vars_entries(vars_dir, seen)
+    return base
 
 
 DUPLICATE_KEY = re.compile(r"Found duplicate mapping key '(.*)'")
@@ -266,15 +355,21 @@ class Inventory:
     def __init__(self, path: Path) -> None:
         if not os.path.lexists(path):
             raise InputError("--inventory", "", f"{path} does not exist; pass an inventory directory or file")
-        check_files(path)
+        base = check_files(path)
         self.path = path
+        # Ansible also reads group_vars/ and host_vars/ beside the playbook (the loader's basedir, by default the
+        # current directory): the playbooks' directory, as ansible-playbook does, never where the CLI was started
         self.loader = DataLoader()
+        self.loader.set_basedir(str(paths.playbooks()))
         try:
             with _quiet_ansible():
                 self.manager = InventoryManager(loader=self.loader, sources=[str(path)])
         except AnsibleError as err:
             raise self._unparsed(err) from None
+        check_vars_files(base, self.manager, self.loader)
         self.variables = VariableManager(loader=self.loader, inventory=self.manager)
+        # every host's variables, templated on access under that host's own: the play's `hostvars`
+        self.all_hostvars = AnsibleHostVars(inventory=self.manager, variable_manager=self.variables, loader=self.loader)
 
     def _unparsed(self, err: AnsibleError) -> InputError:
         """Ansible only says which source failed (the reason went to warnings): re-read it for the reason."""
@@ -323,7 +418,9 @@ class Inventory:
         keys: set[str] = set()
         for file in self.loader.find_vars_files(str(base / "group_vars"), group):
             try:
-                data = self.loader.load_from_file(file, unsafe=True)
+                # uncached: the loader's cache would hand the vars plugin this parse, not trusted as a template,
+                # and plan would show `{{ ... }}` literally where the play renders it
+                data = self.loader.load_from_file(file, cache="none", unsafe=True)
             except AnsibleError as err:
                 source, text = _ansible_message(err)
                 raise _refusal(source or file, "cannot parse the group's variables", text) from None
@@ -365,7 +462,7 @@ class Inventory:
     def _raw_vars(self, host: str) -> dict[str, Any]:
         try:
             with _quiet_ansible():
-                return self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=False)
+                return self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=True)
         except AnsibleError as err:
             source, text = _ansible_message(err)
             raise _refusal(source or str(self.path), f"cannot read variables of {host}", text) from None
@@ -378,10 +475,8 @@ class Inventory:
                 "ansible_ssh_common_args")  # fmt: skip
         return {k: str(templar.template(raw[k])) for k in keys if raw.get(k) is not None}
 
-    def addresses(self) -> dict[str, str]:
-        return {h.name: str(h.vars.get("ansible_host", h.name)) for h in self.manager.get_hosts()}
-
-    def hostvars(self, host: str, cli_set: dict[str, Any]) -> HostVars:
+    def _resolved(self, host: str) -> tuple[dict[str, Any], Callable[[Any], Any]]:
+        """The host's variables as Ansible resolves them for the play, and templating under them."""
         raw = self._raw_vars(host)
         templar = Templar(loader=self.loader, variables=raw)
 
@@ -392,13 +487,22 @@ class Inventory:
                 _, text = _ansible_message(err)
                 raise InputError(str(self.path), "", f"cannot template a variable of {host}: {text}") from None
 
+        return raw, template
+
+    def plan(self, host: str, cli_set: dict[str, Any], cli_text: dict[str, str] | None = None) -> Plan:
+        """The host's plan through the play's own path (planning.resolve.resolve_host)."""
+        raw, template = self._resolved(host)
+        return resolve_host(host, raw, template, fallback=f"{self.path} (host {host})", cli_set=cli_set,
+                            cli_text=cli_text)  # fmt: skip
+
+    def hostvars(self, host: str, cli_set: dict[str, Any] | None = None) -> HostVars:
+        """The host's variables as the resolver reads them (day-2 connection settings, the deployment alone)."""
+        raw, template = self._resolved(host)
         return HostVars(host, raw, template, fallback=f"{self.path} (host {host})", cli_set=cli_set)
 
-    def plans(self, target: str, cli_set: dict[str, Any]) -> list[Plan]:
-        addresses = self.addresses()
-        plans = [
-            plan_host(self.hostvars(host, cli_set), self.groups_of(host), addresses) for host in self.hosts_for(target)
-        ]
+    def plans(self, target: str, cli_set: dict[str, Any], cli_text: dict[str, str] | None = None) -> list[Plan]:
+        """cli_set: typed overrides (overrides.parse_set for `--set` text); cli_text: that text, for messages."""
+        plans = [self.plan(host, cli_set, cli_text) for host in self.hosts_for(target)]
         try:
             check_instances(plans)
         except RuleError as err:

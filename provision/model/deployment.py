@@ -16,10 +16,12 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from provision.model.tables import builds, compat, parsers, version_tuple
+from provision.model.translate import kind
 
 CUDA_VERSION = r"^\d+\.\d+$"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -28,9 +30,19 @@ HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 GIT_REF = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9._/-]+$")
-# Words that say "secret" in a variable or flag name (TOKENIZERS_PARALLELISM and --num-draft-tokens do not):
-# such a value would sit in the world-readable unit or env file.
-SECRET_NAME = re.compile(r"(^|[-_])(api[-_]?key|token|secret|password|passwd)([-_]|$)", re.I)
+# A variable or flag name that says "secret" in one of its components (split at - and _): KEY or AUTH as a
+# component, or a component that is or ends in TOKEN, SECRET(S), PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S),
+# APIKEY (HF_TOKEN, HFTOKEN, AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS). Such a value would sit in
+# the world-readable unit or env file. Plurals of counts do not (TOKENIZERS_PARALLELISM, --num-draft-tokens).
+SECRET_NAME = re.compile(
+    r"(^|[-_])([a-z0-9]*(token|secrets?|password|passwd|passphrase|credentials?|api[-_]?key)|key|auth)([-_]|$)",
+    re.I,
+)
+# Linux's limits on the paths this tool puts on a host (include/uapi/linux/limits.h; systemd's path_is_valid
+# and filename_is_valid hold paths to them too, and ignore a directive whose path breaks them): PATH_MAX
+# counts the terminating NUL, NAME_MAX is one component. Bytes, as the kernel counts them (UTF-8).
+PATH_MAX = 4096
+NAME_MAX = 255
 
 
 class RuleError(Exception):
@@ -85,6 +97,20 @@ def _absolute(value: str) -> str:
     normal = posixpath.normpath(value)
     if normal != value or value.startswith("//"):
         raise ValueError(f"must be a normalized path (no '.', '..', '//' or trailing '/'), like {normal!r}")
+    return check_path_limits(value)
+
+
+def check_path_limits(value: str) -> str:
+    """A path within the kernel's PATH_MAX, each component within NAME_MAX (bytes)."""
+    size = len(value.encode())
+    if size >= PATH_MAX:
+        raise ValueError(f"is {size} bytes long; a path on Linux has at most {PATH_MAX - 1} (PATH_MAX)")
+    long = next((part for part in value.split("/") if len(part.encode()) > NAME_MAX), None)
+    if long is not None:
+        raise ValueError(
+            f"has a component of {len(long.encode())} bytes ({long[:20]}...); "
+            f"a file name on Linux has at most {NAME_MAX} (NAME_MAX)"
+        )
     return value
 
 
@@ -94,6 +120,13 @@ def _url(value: str, schemes: tuple[str, ...]) -> str:
         raise ValueError(f"must be a URL ({', '.join(s + '://' for s in schemes)}...) without spaces, got {value!r}")
     if parts.fragment or "#" in value:
         raise ValueError(f"a URL fragment (#...) is not allowed here, got {value!r}")
+    # ssh's and git's user name (git@host) is no secret; a password is, and so is any user part of an
+    # http(s) URL (a token given as the user): the plan prints the URL and the hosts record it
+    if parts.password is not None or (parts.username is not None and parts.scheme in ("http", "https")):
+        raise ValueError(
+            f"must not carry credentials (user:password@ or token@), got {parts.scheme}://...@{parts.hostname}: "
+            "the plan prints and records the URL; put them in ~/.netrc (pip and git read it) instead"
+        )
     return value
 
 
@@ -169,6 +202,14 @@ GitUrl = Annotated[str, AfterValidator(lambda v: _url(v, ("https", "http", "ssh"
 Pep440 = Annotated[str, AfterValidator(_pep440)]
 
 
+def _version_text(value: object) -> str:
+    """A version as text: YAML reads 12.10 as the number 12.1, so a number is refused, never converted."""
+    if not isinstance(value, str):
+        shown = f" {value}" if isinstance(value, (int, float)) else ""
+        raise ValueError(f'must be a string, like "12.0" (quoted in YAML), got {kind(value)}{shown}')
+    return value
+
+
 class GpuProfile(Section):
     model: str = Field(min_length=1)
     arch: str = Field(description='compute capability, like "12.0"')
@@ -179,7 +220,7 @@ class GpuProfile(Section):
     @field_validator("arch", mode="before")
     @classmethod
     def _known_arch(cls, value: object) -> str:
-        text = str(value)
+        text = _version_text(value)
         known = compat().archs
         if text not in known:
             raise ValueError(f"unknown compute capability {text!r}; known: {', '.join(known)}")
@@ -212,7 +253,7 @@ class CudaSpec(Section):
     def _known_toolkit(cls, value: object) -> str | None:
         if value is None:
             return None
-        text = str(value)
+        text = _version_text(value)
         known = compat().toolkits
         if text not in known:
             raise ValueError(f"unsupported toolkit {text!r}; supported: {', '.join(known)}")
@@ -251,15 +292,27 @@ class SglangBuild(Section):
     def _source_complete(self) -> SglangBuild:
         table = builds()
         if self.source == "git" and not self.git_ref:
-            raise RuleError("sglang.git_ref", "required when source is git (a branch, tag, commit or refs/pull/N/head)")
+            raise RuleError(
+                "sglang.git_ref",
+                "sglang.git_ref is required when source is git (a branch, tag, commit or refs/pull/N/head)",
+                ("sglang.source",),
+            )
         if self.source == "wheel" and not self.wheel:
-            raise RuleError("sglang.wheel", "required when source is wheel (a path or URL of the .whl)")
+            raise RuleError(
+                "sglang.wheel",
+                "sglang.wheel is required when source is wheel (a path or URL of the .whl)",
+                ("sglang.source",),
+            )
         release = self.release_name
         if release not in table.releases:
             field = "sglang.version" if self.source == "release" else "sglang.base_release"
             raise RuleError(field, f"unknown release {release!r}; known: {', '.join(table.releases)}")
         if self.source != "release" and self.dialect is None:
-            raise RuleError("sglang.dialect", f"required for a {self.source} build; known: {', '.join(table.dialects)}")
+            raise RuleError(
+                "sglang.dialect",
+                f"sglang.dialect is required for a {self.source} build; known: {', '.join(table.dialects)}",
+                ("sglang.source",),
+            )
         if self.dialect is not None and self.dialect not in table.dialects:
             raise RuleError("sglang.dialect", f"unknown dialect {self.dialect!r}; known: {', '.join(table.dialects)}")
         own = table.releases[release].dialect
@@ -297,9 +350,17 @@ class ModelFiles(Section):
     def _source_complete(self) -> ModelFiles:
         section = "drafter" if isinstance(self, Drafter) else "model"
         if self.source == "huggingface" and not self.repo:
-            raise RuleError(f"{section}.repo", "required when source is huggingface (like org/name)")
+            raise RuleError(
+                f"{section}.repo",
+                f"{section}.repo is required when source is huggingface (like org/name)",
+                (f"{section}.source",),
+            )
         if self.source == "copy" and not self.copy_from:
-            raise RuleError(f"{section}.copy_from", "required when source is copy (a directory on the control node)")
+            raise RuleError(
+                f"{section}.copy_from",
+                f"{section}.copy_from is required when source is copy (a directory on the control node)",
+                (f"{section}.source",),
+            )
         return self
 
 
@@ -347,6 +408,7 @@ class Serve(Section):
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     metrics: bool = True
+    # read with SGLang's own grammar against the rendered flags: provision/planning/render.py check_extra_args
     extra_args: list[str] = []
     env: dict[str, str] = {}
 
@@ -366,17 +428,6 @@ class Serve(Section):
                 raise ValueError(
                     f"{name} looks like a secret; serve.env lands in a world-readable file: give the API key "
                     "as serve.api_key_file (a 0600 file) and a Hugging Face token as model.token_file"
-                )
-        return value
-
-    @field_validator("extra_args")
-    @classmethod
-    def _no_secret_flags(cls, value: list[str]) -> list[str]:
-        for word in value:
-            if word.startswith("-") and SECRET_NAME.search(word.split("=", 1)[0].lstrip("-")):
-                raise ValueError(
-                    f"{word.split('=', 1)[0]} would put a secret in the world-readable unit; "
-                    "give the API key as serve.api_key_file (a 0600 file)"
                 )
         return value
 
@@ -548,7 +599,48 @@ class Deployment(Section):
         self._check_backends()
         self._check_toolkit()
         self._check_parsers()
+        self._check_requirements()
+        self._check_arch_list()
         return self
+
+    def pinned(self) -> dict[str, str]:
+        """The packages the plan pins itself (canonical names) -> the field that decides each pin."""
+        build = self.sglang
+        release = "sglang.version" if build.source == "release" else "sglang.base_release"
+        flashinfer = f"{release} (FlashInfer follows the SGLang release's pin)"
+        sglang = {"release": "sglang.version", "git": "sglang.git_ref", "wheel": "sglang.wheel"}[build.source]
+        pins = {"torch": "python_env.torch", "triton": "triton.version", "sglang": sglang,
+                "flashinfer-python": flashinfer, "flashinfer": flashinfer}  # fmt: skip
+        if self.cuda.method == "pip":
+            for toolkit in compat().toolkits.values():
+                for text in toolkit.pip.requirements if toolkit.pip else []:
+                    pins[canonicalize_name(Requirement(text).name)] = "cuda.version"
+        return pins
+
+    def _check_requirements(self) -> None:
+        """A package the plan pins cannot be given again in extra_requirements: pip would take either pin."""
+        pins = self.pinned()
+        for text in self.python_env.extra_requirements:
+            name = canonicalize_name(Requirement(text).name)
+            if name in pins:
+                raise RuleError(
+                    "python_env.extra_requirements",
+                    f"{text!r} names {name}, which the plan pins itself; set {pins[name]} instead",
+                )
+
+    def _check_arch_list(self) -> None:
+        """FlashInfer's JIT builds for the arch list: an entry for another GPU is a kernel this host cannot run."""
+        entries = (self.flashinfer.arch_list or "").split()
+        other = next((e for e in entries if e.rstrip("af") != self.gpu.arch), None)
+        if other is not None:
+            raise RuleError(
+                "flashinfer.arch_list",
+                f"{other} is not this host's GPU ({self.gpu.model}, compute capability {self.gpu.arch}); "
+                f"allowed: {self.gpu.arch} with FlashInfer's suffix (a or f), or unset for the default",
+                ("gpu.arch",),
+            )
+        if len(set(entries)) != len(entries):
+            raise RuleError("flashinfer.arch_list", f"names an arch twice: {self.flashinfer.arch_list}")
 
     def _check_parsers(self) -> None:
         known = parsers()[self.sglang.release_name]
@@ -584,6 +676,22 @@ class Deployment(Section):
             (build.source != "git", "sglang.git_ref", f"sglang.source is {build.source}, not git"),
             (build.source != "wheel", "sglang.wheel", f"sglang.source is {build.source}, not wheel"),
             (build.source == "release", "sglang.base_release", "sglang.source is release (sglang.version names it)"),
+            (
+                build.source != "release" and build.base_release is not None,
+                "sglang.version",
+                f"sglang.source is {build.source} and sglang.base_release names the release",
+            ),
+            (
+                not self._untrained_depth_asked(),
+                "serve.allow_untrained_depth",
+                "serve.block_size is not above the drafter's trained block size (or nothing is drafted)",
+            ),
+            (
+                self.service.launcher != "standin",
+                "service.standin_path",
+                f"service.launcher is {self.service.launcher}, not standin",
+            ),
+            (self.multinode is not None, "service.rdma", "a multi-node instance always opens the RDMA devices"),
         ]
         for section in ("model", "drafter"):
             files = getattr(self, section)
@@ -595,6 +703,8 @@ class Deployment(Section):
                 (hub, f"{section}.{key}", f"{source_is} huggingface") for key in ("repo", "revision", "token_file")
             ]
             rules.append((copy, f"{section}.copy_from", f"{source_is} copy"))
+            rules.append((files.source == "present", f"{section}.min_free_gb", f"{section}.source is present "
+                          "(nothing is fetched)"))  # fmt: skip
         given = set(_given(self))
         return [
             (field, why)
@@ -602,6 +712,11 @@ class Deployment(Section):
             if inert
             for field in sorted(f for f in given if f == prefix or f.startswith(prefix + "."))
         ]
+
+    def _untrained_depth_asked(self) -> bool:
+        """Whether the block size reaches past the drafter's training (what allow_untrained_depth allows)."""
+        serve, drafter = self.serve, self.drafter
+        return serve.speculative and drafter is not None and serve.block_size > drafter.block_size
 
     def _check_parallelism(self) -> None:
         serve, gpus = self.serve, self.gpu.count * self.nnodes
@@ -624,7 +739,9 @@ class Deployment(Section):
         if serve.pp > 1:
             raise RuleError("serve.pp", f"{serve.algorithm} does not support pipeline parallelism; allowed: 1")
         if self.drafter is None:
-            raise RuleError("drafter", f"{serve.algorithm} needs a drafter (path and trained block_size)")
+            raise RuleError(
+                "drafter", f"{serve.algorithm} needs a drafter (path and trained block_size)", ("serve.algorithm",)
+            )
         if serve.draft_window is not None and serve.draft_window < serve.block_size:
             raise RuleError(
                 "serve.draft_window",

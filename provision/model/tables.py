@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Strict(BaseModel):
@@ -98,22 +99,22 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
+class ParserOption(_Strict):
+    """One argparse action of SGLang's parser: its spellings, the destination it sets, the values it takes."""
+
+    names: list[str] = Field(min_length=1)
+    dest: str
+    # argparse's nargs, with its default (exactly one value, not a list) written 1
+    nargs: int | Literal["?", "*", "+"]
+    secret: bool = False
+
+
 class ParserData(_Strict):
-    """One SGLang release's argument parser: its options (each with its aliases) and parser names."""
+    """One SGLang release's argument parser: its options and the parser names it accepts."""
 
     reasoning_parsers: list[str]
     tool_call_parsers: list[str]
-    options: list[list[str]]
-
-    def group_of(self, word: str) -> list[str] | None:
-        """The option (with its aliases) a command-line word names, as argparse resolves it: exact, or
-        an unambiguous prefix (SGLang's parser allows abbreviations)."""
-        flag = word.split("=", 1)[0]
-        exact = [g for g in self.options if flag in g]
-        if exact:
-            return exact[0]
-        prefixed = [g for g in self.options if any(o.startswith(flag) for o in g if o.startswith("--"))]
-        return prefixed[0] if flag.startswith("--") and len(prefixed) == 1 else None
+    options: list[ParserOption]
 
 
 @cache

@@ -6,6 +6,9 @@ fact, so both paths act on one decision.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+
 from provision.model.deployment import Deployment, RuleError, check_init_addr
 from provision.model.tables import builds, compat, version_tuple
 from provision.planning.render import argv_for, env_file_text, launcher, unit_text
@@ -137,7 +140,8 @@ def sglang_requirement(dep: Deployment) -> str:
         return f"sglang @ git+{build.git_url}@{build.git_ref}#subdirectory=python"
     if build.source == "wheel":
         assert build.wheel is not None  # the model requires it for this source
-        return build.wheel if "://" in build.wheel else f"sglang @ file://{build.wheel}"
+        # a path becomes a file: URL by pathlib's own quoting (spaces, #, ?, % survive; pip unquotes them)
+        return build.wheel if "://" in build.wheel else f"sglang @ {PurePosixPath(build.wheel).as_uri()}"
     return f"sglang=={build.version}"
 
 
@@ -169,7 +173,7 @@ def flashinfer_arch(arch: str, cuda_version: str) -> str:
     return arch + ("a" if cc >= (9, 0) else "")
 
 
-def plan_nodes(dep: Deployment, host: str, addresses: dict[str, str]) -> NodePlan | None:
+def plan_nodes(dep: Deployment, host: str, addresses: Mapping[str, str]) -> NodePlan | None:
     if dep.multinode is None:
         return None
     nodes = dep.multinode.nodes
@@ -187,7 +191,7 @@ def plan_nodes(dep: Deployment, host: str, addresses: dict[str, str]) -> NodePla
 
 
 def build_plan(
-    dep: Deployment, host: str, groups: list[str], addresses: dict[str, str], notes: list[str] | None = None
+    dep: Deployment, host: str, groups: list[str], addresses: Mapping[str, str], notes: list[str] | None = None
 ) -> Plan:
     """addresses: inventory host name -> the address it is reached at (for multi-node init); notes: what
     the caller found worth saying (settings without effect)."""
@@ -254,7 +258,8 @@ def build_plan(
         service_url=f"http://{url_host(address)}:{dep.serve.port}",
         notes=notes,
     )
-    return Plan(**plan_fields, env_file=env_file_text(env), unit=unit_text(dep, argv, systemd))
+    env_file = env_file_text(env, lambda name: ENV_FIELDS.get(name, f"serve.env.{name}"))
+    return Plan(**plan_fields, env_file=env_file, unit=unit_text(dep, argv, systemd))
 
 
 def url_host(address: str) -> str:

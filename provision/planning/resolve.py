@@ -6,8 +6,9 @@ the `dflash_set` entry, or the `--set` option.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ansible._internal._datatag._tags import Origin
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 from provision.errors import InputError
 from provision.model import overrides
 from provision.model.deployment import Deployment, RuleError
-from provision.model.translate import describe
+from provision.model.translate import first_error, kind
 from provision.planning.planner import build_plan
 from provision.planning.types import Plan
 
@@ -30,15 +31,6 @@ CLI_SET_VAR = "dflash_cli_set"
 # sets one would be read by ansible-playbook and not by `provision plan`, so it is refused.
 RESERVED_VARS = (CLI_SET_VAR, "dflash_plan", "dflash_host_type", "dflash_standin_src")
 OTHER_VARS = (SET_VAR, *RESERVED_VARS)
-
-
-def kind(value: Any) -> str:
-    """A value's type in the user's words (never Ansible's internal tagged type names)."""
-    for types, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
-                        (Mapping, "a mapping"), (list, "a list")):  # fmt: skip
-        if isinstance(value, types):
-            return name
-    return "null" if value is None else "a value of another type"
 
 
 def origin_of(value: Any) -> str | None:
@@ -62,17 +54,24 @@ class HostVars:
         cli_set: Mapping[str, Any] | None = None,
         cli_source: str = "--set",
         inventory_dir: str | None = None,
+        cli_text: Mapping[str, str] | None = None,
     ) -> None:
-        """inventory_dir: where the inventory's files are, when `raw` also holds play and extra vars
-        (the Ansible plugin); None when every raw variable comes from the inventory (the CLI)."""
+        """cli_set: overrides already typed (parsed once from `--set` text by overrides.parse_set, or JSON);
+        cli_text: the text as typed, for messages. inventory_dir: where the inventory's files are, when `raw`
+        also holds play and extra vars (the Ansible plugin); None when every raw variable comes from the
+        inventory (the CLI)."""
         self.host = host
         self.inventory_dir = inventory_dir
         self.raw = raw
         self.template = template
         self.fallback = fallback
         self.cli_source = cli_source
-        self.cli_given = dict(cli_set or {})  # as typed, for messages
-        self.cli_set = {k: overrides.check_key(k, v, cli_source) for k, v in (cli_set or {}).items()}
+        self.cli_set = dict(cli_set or {})
+        overrides.check_overlaps(self.cli_set, cli_source)
+        for key in self.cli_set:
+            overrides.check_key(key, cli_source)
+        # as typed, for messages
+        self.cli_given = {k: (cli_text or {}).get(k, json.dumps(v)) for k, v in self.cli_set.items()}
 
     def _check_names(self) -> None:
         known = [PREFIX + s for s in SECTIONS] + list(OTHER_VARS)
@@ -104,7 +103,10 @@ class HostVars:
                 SET_VAR,
                 f"must be a mapping of dotted keys to values, like {{serve.port: 30001}}; got {kind(value)}",
             )
-        return {str(k): overrides.check_key(str(k), v, source) for k, v in value.items()}
+        overrides.check_overlaps([str(k) for k in value], source)
+        for key in value:
+            overrides.check_key(str(key), source)
+        return {str(k): v for k, v in value.items()}  # typed by YAML already: never read a second time
 
     def data(self) -> dict[str, Any]:
         self._check_names()
@@ -134,13 +136,14 @@ class HostVars:
             key = self.from_cli(candidate)
             if key is not None:
                 return f"{self.cli_source} {key}={self.cli_given[key]}", candidate
-        parts = field.split(".")
         host_set = self.raw.get(SET_VAR)
         if isinstance(host_set, Mapping):
-            for i in range(len(parts), 0, -1):
-                key = ".".join(parts[:i])
-                if key in host_set:
-                    return (origin_of(host_set[key]) or origin_of(host_set) or self.fallback), f"{SET_VAR}[{key}]"
+            for candidate in (field, *related):  # like --set: whichever of them dflash_set gave
+                parts = candidate.split(".")
+                for key in [".".join(parts[:i]) for i in range(len(parts), 0, -1)]:
+                    if key in host_set:  # the field below the key as well: dflash_set[serve].port
+                        shown = f"{SET_VAR}[{key}]{candidate[len(key) :]}"
+                        return (origin_of(host_set[key]) or origin_of(host_set) or self.fallback), shown
         for candidate in (field, *related):
             steps = candidate.split(".")
             node: Any = self.raw.get(PREFIX + steps[0])
@@ -163,10 +166,8 @@ class HostVars:
         except RuleError as err:
             raise self.error(err.field, err.message, err.related) from None
         except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-            raise self.error(field, describe(first, Deployment) + more) from None
+            field, message = first_error(err, Deployment)
+            raise self.error(field, message) from None
 
     def error(self, field: str, message: str, related: tuple[str, ...] = ()) -> InputError:
         source, shown = self.blame(field, related)
@@ -184,10 +185,52 @@ class HostVars:
         return notes
 
 
-def plan_host(hostvars: HostVars, groups: list[str], addresses: dict[str, str]) -> Plan:
+def plan_host(hostvars: HostVars, groups: list[str], addresses: Mapping[str, str]) -> Plan:
     dep = hostvars.deployment()
     notes = hostvars.inert_notes(dep)
     try:
         return build_plan(dep, hostvars.host, groups, addresses, notes)
     except RuleError as err:
         raise hostvars.error(err.field, err.message, err.related) from None
+
+
+class Addresses(Mapping[str, str]):
+    """Inventory host -> the address it is reached at (its templated ansible_host, else its name), read from the
+    play's `hostvars` only when a multi-node plan asks: host_vars/ files and templates count, as for Ansible."""
+
+    def __init__(self, hostvars: Mapping[str, Mapping[str, Any]], template: Callable[[Any], Any]) -> None:
+        self.hostvars = hostvars
+        self.template = template
+
+    def __getitem__(self, name: str) -> str:
+        if name not in self:
+            raise KeyError(name)
+        return str(self.template(self.hostvars[name].get("ansible_host", name)))
+
+    def __contains__(self, name: object) -> bool:
+        # by listing: Ansible's hostvars answers for an implicit localhost the inventory never names
+        return any(name == known for known in self.hostvars)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.hostvars)
+
+    def __len__(self) -> int:
+        return len(self.hostvars)
+
+
+def resolve_host(
+    host: str,
+    variables: Mapping[str, Any],
+    template: Callable[[Any], Any],
+    *,
+    fallback: str,
+    cli_set: Mapping[str, Any] | None = None,
+    cli_text: Mapping[str, str] | None = None,
+    cli_source: str = "--set",
+    inventory_dir: str | None = None,
+) -> Plan:
+    """One host's plan from the variables Ansible resolved for it (the play's task_vars, or the CLI's
+    VariableManager.get_vars with hostvars): the one path `provision plan` and the play's resolve both take."""
+    hostvars = HostVars(host, variables, template, fallback, cli_set, cli_source, inventory_dir, cli_text)
+    groups = sorted(g for g in variables.get("group_names", []) if g != "all")
+    return plan_host(hostvars, groups, Addresses(variables.get("hostvars", {}), template))

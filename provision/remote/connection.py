@@ -173,6 +173,6 @@ def _check_host_keys(connection: Connection) -> None:
 def for_host(inventory: Inventory, host: str) -> Remote:
     """The host's one Remote for this process: every day-2 command and the sweep's tunnel share its connection."""
     connection = inventory.connection(host)
-    hostvars = inventory.hostvars(host, {})
+    hostvars = inventory.hostvars(host)
     more = {k: str(hostvars.template(hostvars.raw[k])) for k in MORE_VARS if hostvars.raw.get(k) is not None}
     return Remote.from_vars(host, {**connection, **more})

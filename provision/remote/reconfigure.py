@@ -19,10 +19,13 @@ from typing import Any
 from rich.console import Console
 
 from provision import paths
-from provision.errors import InputError
+from provision.errors import ExitCode, InputError
 from provision.inventory.reader import Inventory
+from provision.model.deployment import Deployment
 from provision.planning.types import Plan
 from provision.remote.connection import Remote, for_host
+
+UNTRAINED = "serve.allow_untrained_depth"
 
 SWITCH = paths.role_file("sglang_service", "service_switch.py")
 ARGCHECK = "/opt/dflash-provision/libexec/sglang_argcheck.py"
@@ -38,9 +41,9 @@ class Outcome:
     result: dict[str, Any]
 
 
-def trained_block_size(remote: Remote, plan: Plan) -> int | None:
+def trained_block_size(remote: Remote, dep: Deployment) -> int | None:
     """The drafter's trained block size from its config.json on the host (model_store's drafter.json), if readable."""
-    path = f"{plan.config.service.config_dir}/drafter.json"
+    path = f"{dep.service.config_dir}/drafter.json"
     proc = remote.run(f"cat {shlex.quote(path)}", timeout=30)
     if proc.return_code != 0:
         return None
@@ -65,25 +68,35 @@ def check_with_parser(remote: Remote, plan: Plan) -> None:
         raise InputError("", plan.host, f"cannot ask the installed SGLang's parser: {proc.stderr.strip()[-300:]}")
 
 
-def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_untrained: bool,
-             console: Console) -> list[tuple[Plan, Remote]]:  # fmt: skip
+def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_text: dict[str, str],
+             allow_untrained: bool, console: Console) -> list[tuple[Plan, Remote]]:  # fmt: skip
     """Each host's new plan, its block size judged against the drafter's own config.json where readable."""
     out = []
+    # a permission, given as --allow-untrained-depth or as the setting (a sweep config's): applied per host
+    # only where the block size needs it, since a setting without effect is refused
+    allow_untrained = allow_untrained or str(cli_set.get(UNTRAINED, "")).lower() == "true"
+    cli_set = {k: v for k, v in cli_set.items() if k != UNTRAINED}
     for host in inventory.hosts_for(target):
         remote = for_host(inventory, host)
-        extra: dict[str, Any] = {"serve.allow_untrained_depth": "true"} if allow_untrained else {}
+        extra: dict[str, Any] = {}
         version = systemd_version(remote)
         if version is not None and "service.systemd_version" not in cli_set:
             extra["service.systemd_version"] = version
-        inventory_side = inventory.plans(host, {**cli_set, **extra, "serve.allow_untrained_depth": "true"})[0]
+        # the drafter's place only, before its block size is known: the deployment, not yet the plan
+        unchecked = {**cli_set, **extra, UNTRAINED: True}
+        inventory_side = inventory.hostvars(host, unchecked).deployment()
         trained = trained_block_size(remote, inventory_side)
-        claimed = inventory_side.config.drafter.block_size if inventory_side.config.drafter else None
+        claimed = inventory_side.drafter.block_size if inventory_side.drafter else None
         if trained is not None and claimed is not None and trained != claimed:
             console.print(f"{host}: the drafter's config.json says block size {trained} "
                           f"(the inventory says {claimed}); using {trained}")  # fmt: skip
         if trained is not None:
-            extra["drafter.block_size"] = str(trained)
-        new = inventory.plans(host, {**cli_set, **extra})[0]
+            extra["drafter.block_size"] = trained
+        # --allow-untrained-depth is a permission: set only where the block size needs it (else it is inert)
+        limit = trained or claimed
+        if allow_untrained and limit and inventory_side.serve.speculative and inventory_side.serve.block_size > limit:
+            extra[UNTRAINED] = True
+        new = inventory.plans(host, {**cli_set, **extra}, cli_text)[0]
         if allow_untrained and new.config.drafter and new.config.serve.block_size > new.config.drafter.block_size:
             size, trained_at = new.config.serve.block_size, new.config.drafter.block_size
             console.print(f"[yellow]warning[/]: {host}: block size {size} asks for depths the drafter "
@@ -139,11 +152,11 @@ def switch(plan: Plan, remote: Remote, force: bool = False) -> Outcome:
     return Outcome(plan.host, code, result)
 
 
-def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], allow_untrained: bool, serial: int | None,
-                console: Console, force: bool = False) -> int:  # fmt: skip
+def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_text: dict[str, str],
+                allow_untrained: bool, serial: int | None, console: Console, force: bool = False) -> int:  # fmt: skip
     if not cli_set:
         raise InputError("--set", "", "give at least one KEY=VALUE to change, like serve.ddtree.budget=12")
-    hosts = plan_new(inventory, target, cli_set, allow_untrained, console)
+    hosts = plan_new(inventory, target, cli_set, cli_text, allow_untrained, console)
     for plan, remote in hosts:  # every host is judged before any is touched
         check_with_parser(remote, plan)
         if not force:
@@ -160,8 +173,10 @@ def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], allo
             break  # a failed batch stops the roll: the rest keep serving their config
     for outcome in outcomes:
         _report(outcome, console)
-    if any(o.code in (LOCKED, REFUSED) for o in outcomes):
-        return 2
+    if any(o.code == LOCKED for o in outcomes):
+        return ExitCode.BUSY
+    if any(o.code == REFUSED for o in outcomes):  # refused before anything changed on that host
+        return ExitCode.BAD_INPUT
     return 0 if all(o.code == 0 for o in outcomes) and len(outcomes) == len(hosts) else 1
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from provision.errors import SandboxError
+from provision.errors import BusyError
 from provision.sandbox.layout import lock_file
 from provision.sandbox.system import warn
 
@@ -44,7 +44,7 @@ def exclusive(verb: str) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > end:
-                    raise SandboxError(
+                    raise BusyError(
                         f"{_holder()} has held {lock_file()} for more than {WAIT_S:.0f} s; gave up waiting"
                         " (if it is stuck, stop it, then run `provision sandbox down`)"
                     ) from None

@@ -42,6 +42,7 @@ import httpx
 from pydantic import BaseModel
 
 import provision
+from provision.model.tables import parsers
 from provision.sweep.matrix import GridCell
 
 WORDS = (
@@ -252,12 +253,33 @@ def _summarize(cell: GridCell, outputs: list[_Request], duration: float) -> Cell
 # ---- /get_server_info
 
 
+def redacted(info: Any) -> Any:
+    """server_info without secrets: SGLang returns its server_args, the API keys included; a key is secret when
+    the server's own parser table marks its option so."""
+    options = [o for data in parsers().values() for o in data.options if o.secret]
+    dests, flags = {o.dest for o in options}, {name for o in options for name in o.names}
+    if isinstance(info, dict):
+        return {k: "(redacted)" if k in dests and v else redacted(v) for k, v in info.items()}
+    if isinstance(info, list):  # a command line: the word after a secret flag, or its =value
+        out: list[Any] = []
+        for word in info:
+            after_flag = bool(out) and isinstance(out[-1], str) and out[-1] in flags
+            if isinstance(word, str) and word.split("=", 1)[0] in flags and "=" in word:
+                word = word.split("=", 1)[0] + "=(redacted)"
+            out.append("(redacted)" if after_flag else redacted(word))
+        return out
+    if isinstance(info, str) and any(flag in info for flag in flags):  # a command line as one string
+        pattern = "|".join(re.escape(f) for f in sorted(flags, key=len, reverse=True))
+        return re.sub(rf"(?<!\S)({pattern})(=|\s+)(\S+)", r"\1\2(redacted)", info)
+    return info
+
+
 async def fetch_server_info(base_url: str, api_key: str | None, timeout_s: float = 30.0) -> dict[str, Any]:
-    """One /get_server_info snapshot (raises httpx.HTTPError on failure)."""
+    """One /get_server_info snapshot, secrets redacted (raises httpx.HTTPError on failure)."""
     async with httpx.AsyncClient(headers=_headers(api_key), timeout=timeout_s) as client:
         response = await client.get(base_url.rstrip("/") + "/get_server_info")
         response.raise_for_status()
-        return dict(response.json())
+        return dict(redacted(response.json()))
 
 
 def server_accept_length(info: dict[str, Any]) -> float | None:
@@ -393,7 +415,7 @@ def parse_bench_serving(report: dict[str, Any], prompts: int | None = None, comm
         errors=list(dict.fromkeys(e for e in errors or [] if e))[:ERRORS_KEPT],
         tool_version=report.get("version"),
         command=command,
-        server_info=data.get("server_info"),
+        server_info=redacted(data.get("server_info")),
         accept_source=ACCEPT_FROM_BENCH if steps else None,
         placeholders=list(report.get("placeholders") or []),
     )

@@ -176,10 +176,11 @@ def load_matrix(path: Path) -> Matrix:
 
 
 def check_set(key: str, value: Any) -> Any:
-    """The value for one `set` entry, parsed and checked as `provision plan --set` would; raises InputError."""
+    """The value for one `set` entry (typed by the matrix file's YAML, never read a second time), checked as
+    `provision plan --set` would; raises InputError."""
     if key == UNTRAINED_KEY:
         raise InputError("", key, "use the config's own allow_untrained_depth: true instead")
-    value = overrides.check_key(key, value, "")  # unknown keys: names the allowed ones
+    overrides.check_key(key, "")  # unknown keys: names the allowed ones
     try:
         return _leaf_adapter(key.split(".")).validate_python(value)
     except ValidationError as err:

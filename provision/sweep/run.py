@@ -120,7 +120,7 @@ def run_config(config: SweepConfig, inventory: Inventory, host: str, matrix: Mat
                base: Path, console: Console) -> None:  # fmt: skip
     started = now()
     try:
-        [(plan, remote)] = plan_new(inventory, host, config.overrides(), config.allow_untrained_depth, console)
+        [(plan, remote)] = plan_new(inventory, host, config.overrides(), {}, config.allow_untrained_depth, console)
         check_with_parser(remote, plan)
     except InputError as err:
         results.append(Record(config=config.name, cell=CONFIG_LEVEL, status="failed", error=str(err),
@@ -234,7 +234,7 @@ def _leave(keep: str, start: dict[str, str], plan: Plan, remote: Remote, invento
             console.print(f"no config to keep for {workload.name}: {rec.why_none}")
         else:
             config = matrix.config(rec.best)
-            [(new, _)] = plan_new(inventory, plan.host, config.overrides(), config.allow_untrained_depth, console)
+            [(new, _)] = plan_new(inventory, plan.host, config.overrides(), {}, config.allow_untrained_depth, console)
             if switch(new, remote).code == 0:
                 console.print(f"left serving the best config for {workload.name}: {rec.best}")
                 return

@@ -8,7 +8,6 @@ from rich.console import Console
 
 from provision.cli import targets
 from provision.errors import InputError
-from provision.model import overrides
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -20,6 +19,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if not sep or not key:
             raise InputError("-e", item, "expected K=V")
         extravars[key] = value
+    cli_set, _ = targets.cli_set(args)
     plans = targets.plans(args)  # bad input stops here, before Ansible touches any host
     playbook = playbook_for({p.host: p.groups for p in plans})
     limit = args.host if not args.limit else f"{args.host}:&{args.limit}"
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         playbook,
         targets.inventory_path(args),
         limit,
-        overrides.split_set(args.set_),
+        cli_set,
         extravars,
         check=args.check,
         diff=args.diff,

@@ -15,12 +15,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     plans = targets.plans(args)
     if args.json:
+        # json's ASCII escapes: a bidi or zero-width character of a value shows as \uXXXX, as every control does
         if len(plans) == 1:
-            print(plans[0].model_dump_json(indent=2))
+            print(json.dumps(plans[0].model_dump(mode="json"), indent=2))
         else:
-            print(
-                json.dumps({"target": args.host, "hosts": {p.host: p.model_dump(mode="json") for p in plans}}, indent=2)
-            )
+            hosts = {p.host: p.model_dump(mode="json") for p in plans}
+            print(json.dumps({"target": args.host, "hosts": hosts}, indent=2))
         return 0
     for plan in plans:
         print_plan(plan, console)

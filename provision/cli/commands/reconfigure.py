@@ -8,7 +8,6 @@ from rich.console import Console
 
 from provision.cli import targets
 from provision.errors import InputError
-from provision.model import overrides
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -16,7 +15,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     if args.serial is not None and args.serial < 1:
         raise InputError("--serial", str(args.serial), "must be 1 or more")
-    cli_set = overrides.split_set(args.set_)
+    cli_set, cli_text = targets.cli_set(args)
     return reconfigure(
-        targets.inventory(args), args.host, cli_set, args.allow_untrained_depth, args.serial, console, args.force
+        targets.inventory(args),
+        args.host,
+        cli_set,
+        cli_text,
+        args.allow_untrained_depth,
+        args.serial,
+        console,
+        args.force,
     )

@@ -8,7 +8,7 @@ from ansible.plugins.action import ActionBase
 
 from provision import paths
 from provision.errors import InputError
-from provision.planning.resolve import CLI_SET_VAR, HostVars, plan_host
+from provision.planning.resolve import CLI_SET_VAR, resolve_host
 
 
 class ActionModule(ActionBase):
@@ -19,25 +19,21 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         host = task_vars["inventory_hostname"]
-        cli_set = dict(self._templar.template(task_vars.get(CLI_SET_VAR) or {}))
+        # `provision apply --set`, typed once by the CLI: data, never templated (the CLI showed it as text)
+        cli_set = dict(task_vars.get(CLI_SET_VAR) or {})
         # the host's own systemd, once the play has read it: the unit is rendered for that version
         reported = self._task.args.get("systemd_version")
         if reported is not None and "service.systemd_version" not in cli_set:
             cli_set["service.systemd_version"] = int(reported)
-        hostvars = HostVars(
-            host,
-            task_vars,
-            self._templar.template,
-            fallback=f"inventory (host {host})",
-            cli_set=cli_set,
-            inventory_dir=str(task_vars.get("inventory_dir") or ""),
-        )
-        addresses = {
-            name: str(self._templar.template(hv.get("ansible_host", name)))
-            for name, hv in task_vars.get("hostvars", {}).items()
-        }
         try:
-            plan = plan_host(hostvars, list(task_vars.get("group_names", [])), addresses)
+            plan = resolve_host(
+                host,
+                task_vars,
+                self._templar.template,
+                fallback=f"inventory (host {host})",
+                cli_set=cli_set,
+                inventory_dir=str(task_vars.get("inventory_dir") or ""),
+            )
         except InputError as err:
             return {**result, "failed": True, "msg": str(err)}
         facts = {
