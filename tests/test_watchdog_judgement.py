@@ -251,3 +251,31 @@ def test_settings_reach_the_plan(run, inventory: Path) -> None:
                        "--set", "watchdog.interval_s=5")  # fmt: skip
     assert code == 0
     assert json.loads(out)["config"]["watchdog"] == {**Watchdog().model_dump(), "interval_s": 5}
+
+
+@pytest.mark.parametrize(
+    ("sets", "words"),
+    [(["serve.algorithm=NONE", "watchdog.interval_s=5"], ["--set watchdog.interval_s=5", "has no effect", "NONE"]),
+     (["serve.metrics=false", "watchdog.enabled=true"], ["--set watchdog.enabled=true", "has no effect",
+                                                          "serve.metrics is false"])],
+)  # fmt: skip
+def test_watchdog_settings_without_anything_to_judge_are_refused(run, inventory: Path, sets: list[str],
+                                                                 words: list[str]) -> None:  # fmt: skip
+    args = [a for s in sets for a in ("--set", s)]
+    code, _, err = run("plan", "--host", "b300", "--inventory", str(inventory), *args)
+    assert code == 2 and err.count("\n") == 1 and all(w in err for w in words), err
+
+
+def test_watchdog_settings_from_the_inventory_without_metrics_are_a_note(run, inventory: Path) -> None:
+    group_vars = inventory / "group_vars" / "b300.yml"
+    group_vars.write_text(group_vars.read_text() + "dflash_watchdog: {interval_s: 5}\n")
+    code, out, err = run("plan", "--host", "b300", "--inventory", str(inventory), "--json",
+                         "--set", "serve.metrics=false")  # fmt: skip
+    assert code == 0, err
+    notes = json.loads(out)["notes"]
+    assert any("interval_s has no effect" in n and "serve.metrics is false" in n for n in notes), notes
+    # disabled, it asks for nothing: no note
+    code, out, err = run("plan", "--host", "b300", "--inventory", str(inventory), "--json",
+                         "--set", "serve.metrics=false", "--set", "watchdog.enabled=false")  # fmt: skip
+    assert code == 0, err
+    assert not [n for n in json.loads(out)["notes"] if "watchdog" in n]

@@ -692,6 +692,17 @@ class Deployment(Section):
                 f"service.launcher is {self.service.launcher}, not standin",
             ),
             (self.multinode is not None, "service.rdma", "a multi-node instance always opens the RDMA devices"),
+            # the watchdog judges generation tokens per verify call, read from /metrics
+            (
+                self.watchdog.enabled and not serve.speculative,
+                "watchdog",
+                f"{no_spec}: there is no acceptance to judge",
+            ),
+            (
+                self.watchdog.enabled and serve.speculative and not serve.metrics,
+                "watchdog",
+                "serve.metrics is false: the watchdog reads the server's /metrics",
+            ),
         ]
         for section in ("model", "drafter"):
             files = getattr(self, section)
