@@ -29,8 +29,9 @@ from tests.test_stack import on
 A, B = "b300-sbx", "b300-sbx2"
 WD = {"enabled": True, "initial_delay_s": 4, "interval_s": 2, "min_verify_calls": 20, "baseline_windows": 2,
       "failure_fraction": 0.5, "failure_floor": 1.5, "failure_limit": 3}  # fmt: skip
-# the longest a collapse may serve: ready seen within a window, the warm-up, the first sample, failure_limit windows
-BOUND = WD["initial_delay_s"] + (WD["failure_limit"] + 2) * WD["interval_s"]
+# the longest a collapse may serve once armed: the watchdog sees it ready within a window, then the warm-up (its
+# first sample is taken when the warm-up ends) and failure_limit windows
+BOUND = WD["initial_delay_s"] + (WD["failure_limit"] + 1) * WD["interval_s"]
 STATE = "/var/lib/private/sglang-dflash-watchdog/state.json"
 RECORD = "/var/lib/dflash-provision/serving/watchdog.json"
 COLLAPSE = "serve.env.SGLANG_SIMULATE_ACC_LEN=1"
@@ -157,7 +158,7 @@ def test_a_collapse_is_rolled_back_by_the_watchdog_alone_and_only_on_that_host(h
         assert rolled, (state(a), record(a))
         st = state(a)
         request = rolled[0]["request"]
-        # within the warm-up + failure_limit windows (+ one window to see it ready, + one for the first sample)
+        # within the warm-up + failure_limit windows (+ one window to see it ready)
         assert request["at"] - switched_at <= BOUND, (request, switched_at)
         assert "3 consecutive failed windows" in request["reason"] and "below the floor" in request["reason"]
         failed_windows = [w for w in st["windows"] if w["verdict"] == "failed"]

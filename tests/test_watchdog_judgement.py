@@ -160,6 +160,18 @@ def test_warm_up_counts_from_readiness() -> None:
     assert len(run.requests) == 1
 
 
+@pytest.mark.parametrize("delay", [4, 5, 0])
+def test_a_collapse_is_asked_back_within_the_warm_up_and_failure_limit_windows(delay: int) -> None:
+    """The loop's schedule (next_tick): the first sample when the warm-up ends, not up to an interval later."""
+    wd = {**WD, "initial_delay_s": delay}
+    state, t, requests = None, 0.7, []
+    while not requests:
+        state, request = wd_mod.step(state, obs(t, 10 * t, 10 * t), wd)  # acceptance 1 from the start
+        requests += [request] if request else []
+        t = wd_mod.next_tick(state, wd, t)
+    assert requests[0]["at"] - state["ready_at"] == delay + wd["failure_limit"] * wd["interval_s"]
+
+
 def test_a_restart_warms_up_again() -> None:
     run = Run()
     run.warm()
@@ -224,14 +236,14 @@ def test_tick_rewrites_a_request_lost_between_state_and_request(tmp_path: Path, 
         run.tick(1.0)
     (tmp_path / "state.json").write_text(json.dumps(run.state))  # the state made it to disk, the request did not
     seen = obs(run.t + 2, run.tokens + 50, run.verify + 50)
-    monkeypatch.setattr(wd_mod, "observe", lambda settings: seen)
+    monkeypatch.setattr(wd_mod, "observe", lambda settings, now: seen)
     settings = {"watchdog": WD}
-    wd_mod.tick(settings, str(tmp_path))
+    wd_mod.tick(settings, str(tmp_path), seen["t"])
     request = json.loads((tmp_path / wd_mod.REQUEST).read_text())
     assert request["id"] == run.requests[0]["id"]
     # answered by the root side: never again
     (tmp_path / wd_mod.REQUEST).rename(tmp_path / wd_mod.HANDLED)
-    wd_mod.tick(settings, str(tmp_path))
+    wd_mod.tick(settings, str(tmp_path), seen["t"])
     assert not (tmp_path / wd_mod.REQUEST).exists()
 
 

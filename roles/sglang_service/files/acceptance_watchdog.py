@@ -147,11 +147,11 @@ def arm_of(path):
     return hashlib.sha256((read(path) or "").encode()).hexdigest()[:16]
 
 
-def observe(settings):
+def observe(settings, now):
     url = settings["url"]
     status, body = get(url + "/metrics", None)
     return {
-        "t": time.time(),
+        "t": now,
         "arm": arm_of(settings["path"]),
         "config_id": config_id(read(settings["unit_path"]) or "", read(settings["env_path"]) or ""),
         "healthy": get(url + "/health", None)[0] == 200,
@@ -159,10 +159,10 @@ def observe(settings):
     }
 
 
-def tick(settings, state_dir):
-    """Observe, judge, persist; then, when it is due, (re)write the rollback request."""
+def tick(settings, state_dir, now):
+    """Observe at `now`, judge, persist; then, when it is due, (re)write the rollback request."""
     state_path = os.path.join(state_dir, STATE)
-    state, request = step(read_json(state_path), observe(settings), settings["watchdog"])
+    state, request = step(read_json(state_path), observe(settings, now), settings["watchdog"])
     write_atomic(state_path, json.dumps(state))  # the hold is on disk before the request: never two requests
     pending = state.get("rollback")
     if (request is None and pending and pending["config_id"] == state["config_id"]
@@ -175,12 +175,24 @@ def tick(settings, state_dir):
     return state
 
 
+def next_tick(state, wd, now):
+    """When to observe next: one interval after this observation (the time a tick takes does not lengthen the
+    windows), and at the end of the warm-up, not up to an interval after it: the first sample is taken when the
+    warm-up ends, so a collapse is asked back within initial_delay_s + failure_limit x interval_s of the first tick
+    that saw the server ready."""
+    at = now + wd["interval_s"]
+    if state.get("phase") == "warming up":
+        at = min(at, state["ready_at"] + wd["initial_delay_s"])
+    return at
+
+
 def main(path):
     state_dir = os.environ.get("STATE_DIRECTORY") or sys.exit("STATE_DIRECTORY is not set (run by the unit)")
     while True:
         settings = {**json.loads(read(path) or "{}"), "path": path}
-        tick(settings, state_dir)
-        time.sleep(settings["watchdog"]["interval_s"])
+        now = time.time()
+        state = tick(settings, state_dir, now)
+        time.sleep(max(0.0, next_tick(state, settings["watchdog"], now) - time.time()))
 
 
 if __name__ == "__main__":
