@@ -142,7 +142,6 @@ def test_a_collapse_is_rolled_back_by_the_watchdog_alone_and_only_on_that_host(h
     with load(a, b, seconds=300):
         assert wait_for(lambda: watching(a) and watching(b), timeout=BOUND + 20), (state(a), state(b))
         healthy_env = env_file(a)
-        b_windows_before = len(state(b)["windows"])
         rc, out = reconfigure(A, COLLAPSE)
         assert rc == 0, out
         switched_at = time.time()
@@ -174,7 +173,7 @@ def test_a_collapse_is_rolled_back_by_the_watchdog_alone_and_only_on_that_host(h
         time.sleep(BOUND)
         assert len([r for r in record(a)["rollbacks"] if r["status"] == "rolled back"]) == 1
         # the other host kept serving its config, every window passed, nothing rolled back
-        b_windows = state(b)["windows"][b_windows_before:]
+        b_windows = [w for w in state(b)["windows"] if w["t"] > switched_at]  # the state keeps the last 60
         assert len(b_windows) >= 10 and {w["verdict"] for w in b_windows} == {"passed"}, b_windows
         assert record(b)["rollbacks"] == []
         assert "SGLANG_SIMULATE_ACC_LEN" not in env_file(b)

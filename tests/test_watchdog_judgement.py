@@ -172,6 +172,17 @@ def test_a_collapse_is_asked_back_within_the_warm_up_and_failure_limit_windows(d
     assert requests[0]["at"] - state["ready_at"] == delay + wd["failure_limit"] * wd["interval_s"]
 
 
+def test_a_restarted_watchdog_keeps_the_cadence() -> None:
+    run = Run()
+    run.warm()
+    run.tick(1.0)
+    last = run.state["last_sample"]["t"]
+    assert wd_mod.first_tick(run.state, WD, last + 0.5) == last + WD["interval_s"]  # a whole window, not 0.5 s
+    assert wd_mod.first_tick(run.state, WD, last + 30) == last + 30  # long down: at once
+    assert wd_mod.first_tick(run.state, WD, last - 3600) == last - 3600 + WD["interval_s"]  # the clock went back
+    assert wd_mod.first_tick(None, WD, 7.0) == 7.0
+
+
 def test_a_restart_warms_up_again() -> None:
     run = Run()
     run.warm()

@@ -186,13 +186,24 @@ def next_tick(state, wd, now):
     return at
 
 
+def first_tick(state, wd, now):
+    """A restart keeps the cadence: the first window after it is a whole one, from the last sample taken."""
+    last = (state or {}).get("last_sample")
+    return now if last is None else min(max(now, last["t"] + wd["interval_s"]), now + wd["interval_s"])
+
+
+def settings_of(path):
+    return {**json.loads(read(path) or "{}"), "path": path}
+
+
 def main(path):
     state_dir = os.environ.get("STATE_DIRECTORY") or sys.exit("STATE_DIRECTORY is not set (run by the unit)")
+    at = first_tick(read_json(os.path.join(state_dir, STATE)), settings_of(path)["watchdog"], time.time())
     while True:
-        settings = {**json.loads(read(path) or "{}"), "path": path}
-        now = time.time()
+        time.sleep(max(0.0, at - time.time()))
+        settings, now = settings_of(path), time.time()
         state = tick(settings, state_dir, now)
-        time.sleep(max(0.0, next_tick(state, settings["watchdog"], now) - time.time()))
+        at = next_tick(state, settings["watchdog"], now)
 
 
 if __name__ == "__main__":
