@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ STATE = "/var/lib/private/sglang-dflash-watchdog/state.json"
 RECORD = "/var/lib/dflash-provision/serving/watchdog.json"
 COLLAPSE = "serve.env.SGLANG_SIMULATE_ACC_LEN=1"
 # a bounded request loop on the host, against its own port (the server listens on loopback only)
-LOAD = """
+LOAD = """# dflash-watchdog-load
 import json, sys, time, urllib.request
 key = open("/etc/sglang-dflash/api_key").read().strip()
 end = time.time() + float(sys.argv[1])
@@ -92,7 +93,7 @@ def healthy(host: layout.SandboxHost) -> bool:
 @contextmanager
 def load(*on_hosts: layout.SandboxHost, seconds: float = 120) -> Iterator[None]:
     """A bounded request loop on each host for the block's duration (and never longer than `seconds`)."""
-    procs = [subprocess.Popen([*machines.ssh_command(h), f"python3 -c {json.dumps(LOAD)} {seconds}"],
+    procs = [subprocess.Popen([*machines.ssh_command(h), f"python3 -c {shlex.quote(LOAD)} {seconds}"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for h in on_hosts]  # fmt: skip
     try:
         yield
@@ -101,7 +102,7 @@ def load(*on_hosts: layout.SandboxHost, seconds: float = 120) -> Iterator[None]:
             proc.terminate()
             proc.wait(timeout=30)
         for h in on_hosts:
-            on(h, "pkill -f 'load %f' || true")
+            on(h, "pkill -f 'dflash-watchdog-loa[d]' || true")  # the bracket: never the shell running pkill
 
 
 def wait_for(predicate, timeout: float, step: float = 0.5):  # noqa: ANN001, ANN201 - a test helper
@@ -160,7 +161,7 @@ def test_a_collapse_is_rolled_back_by_the_watchdog_alone_and_only_on_that_host(h
         # within the warm-up + failure_limit windows (+ one window to see it ready)
         assert request["at"] - switched_at <= BOUND, (request, switched_at)
         assert "3 consecutive failed windows" in request["reason"] and "below the floor" in request["reason"]
-        failed_windows = [w for w in st["windows"] if w["verdict"] == "failed"]
+        failed_windows = [w for w in st["windows"] if w["verdict"] == "failed" and w["t"] > switched_at]
         assert [w["failures"] for w in failed_windows][:3] == [1, 2, 3]
         assert failed_windows[failures - 1]["failures"] == failures  # counted on across the restart
 
@@ -203,12 +204,12 @@ def test_a_second_collapse_after_the_rollback_holds(hosts) -> None:
         rc, out = reconfigure(A, "serve.env.SGLANG_SIMULATE_ACC_LEN=1.2")
         assert rc == 0, out
         assert wait_for(lambda: len(record(a)["rollbacks"]) > before, timeout=BOUND + 30), state(a)
-        assert "SGLANG_SIMULATE_ACC_LEN=1.1" in env_file(a)
+        assert 'SGLANG_SIMULATE_ACC_LEN="1.1"' in env_file(a)  # the env file quotes every value
         # C1 reaches failure_limit too: the watchdog holds and says so ("holding: <reason>; one rollback was made")
         assert wait_for(lambda: state(a)["phase"].startswith("holding: "), timeout=BOUND + 30), state(a)
         time.sleep(3 * WD["interval_s"])
     assert len(record(a)["rollbacks"]) == before + 1
-    assert "SGLANG_SIMULATE_ACC_LEN=1.1" in env_file(a)
+    assert 'SGLANG_SIMULATE_ACC_LEN="1.1"' in env_file(a)  # the env file quotes every value
 
 
 def test_no_traffic_or_no_metrics_gives_no_verdict(hosts) -> None:

@@ -217,9 +217,12 @@ def test_after_the_rollback_a_second_collapse_holds_and_a_new_arming_watches_aga
         run.tick(1.0, config="B")
     assert len(run.requests) == 1 and run.state["phase"].startswith("holding")
     # provision reconfigure or apply writes the settings anew: armed again, a fresh analysis
+    before = [w["config_id"] for w in run.state["windows"]]
     for _ in range(15):
         run.tick(1.0, config="C", arm="arm2")
     assert len(run.requests) == 2 and run.requests[1]["config_id"] == "C"
+    # the windows before the arming stay, for status and plots; the analysis did not count them
+    assert [w["config_id"] for w in run.state["windows"]][: len(before)] == before and "B" in before
 
 
 def test_disabled_judges_nothing() -> None:

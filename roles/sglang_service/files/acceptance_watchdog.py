@@ -65,9 +65,10 @@ def judge(tokens, verify, wd, baseline):
     return "passed", accept, f"acceptance {accept:.3f}"
 
 
-def fresh(arm):
+def fresh(arm, windows=()):
+    """A new analysis; the past windows stay (each names its config): status and plots show what came before."""
     return {"arm": arm, "config_id": None, "ready_at": None, "last_sample": None, "failures": 0,
-            "baselines": {}, "hold": None, "rollback": None, "phase": "starting", "windows": []}  # fmt: skip
+            "baselines": {}, "hold": None, "rollback": None, "phase": "starting", "windows": list(windows)}  # fmt: skip
 
 
 def baseline_of(state, wd):
@@ -82,7 +83,7 @@ def step(state, obs, wd):
 
     obs: {"t", "arm", "config_id", "healthy" (bool), "metrics" (parsed, or None when unreachable)}."""
     if state is None or state.get("arm") != obs["arm"]:
-        state = fresh(obs["arm"])  # armed anew (apply, reconfigure): no hold, a new analysis
+        state = fresh(obs["arm"], (state or {}).get("windows", []))  # armed anew (apply, reconfigure): no hold
     state = dict(state)
     if state["config_id"] != obs["config_id"]:
         state.update(config_id=obs["config_id"], ready_at=None, last_sample=None, failures=0)
