@@ -371,3 +371,21 @@ def test_what_bench_serving_asks_for(kimi: Standin) -> None:
     flushed = httpx.post(f"{kimi.url}/flush_cache?timeout=60", headers=auth())
     assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
     assert httpx.post(f"{kimi.url}/flush_cache").status_code == 401  # behind the key, as in SGLang
+
+
+def test_simulated_acceptance_is_sglangs_hook_clamped_to_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLANG_SIMULATE_ACC_LEN (SGLang's own env hook): > 0 forces L, clamped to [1, B]; <= 0 or unset is off."""
+    for raw, want in (("1", 1.0), ("2.5", 2.5), ("99", 8.0), ("0.5", 1.0), ("-1", 1 + 7 * 0.45), ("", 1 + 7 * 0.45)):
+        monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", raw)
+        monkeypatch.setenv("SGLANG_STANDIN_LOAD_S", "0")
+        assert sglang_standin.accept_length(spec_args("DFLASH", 8), sglang_standin.Env.read()) == pytest.approx(want)
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "1")
+    assert sglang_standin.accept_length(spec_args(None), sglang_standin.Env.read()) == 1.0  # no speculation: 1
+
+
+@pytest.mark.parametrize("raw", ["fast", "nan", "inf"])
+def test_simulated_acceptance_must_be_a_number(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", raw)
+    with pytest.raises(SystemExit) as exc:
+        sglang_standin.Env.read()
+    assert exc.value.code == 2

@@ -174,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-untrained-depth", action="store_true", help="allow a block size above the drafter's trained one"
     )
     reconf.add_argument("--serial", type=int, help="roll through the hosts N at a time (default: all at once)")
+    reconf.add_argument("--force", action="store_true", help="apply a config the acceptance watchdog rolled back")
 
     status = subs.add_parser("status", help="the service's state, serving and last good config, acceptance, GPU memory")
     _common(status, takes_set=False)

@@ -561,6 +561,15 @@ class ServiceSpec(Section):
         """The unit's StateDirectory= (its HOME)."""
         return f"/var/lib/{self.name}"
 
+    @property
+    def watchdog_settings_path(self) -> str:
+        return f"{self.config_dir}/{self.name}-watchdog.json"
+
+    @property
+    def watchdog_dir(self) -> str:
+        """The acceptance watchdog's StateDirectory= (DynamicUser: under /var/lib/private)."""
+        return f"/var/lib/private/{self.name}-watchdog"
+
 
 # provision's own places on every host: its scripts, and the serving record day 2 keeps (current, last good)
 LIBEXEC_DIR = "/opt/dflash-provision/libexec"
@@ -601,6 +610,7 @@ class Deployment(Section):
     python_env: PythonEnvSpec = PythonEnvSpec()
     service: ServiceSpec = ServiceSpec()
     multinode: MultiNode | None = None
+    watchdog: Watchdog = Field(default_factory=lambda: Watchdog())
 
     @property
     def nnodes(self) -> int:
@@ -794,6 +804,17 @@ class Deployment(Section):
                 f"service.launcher is {self.service.launcher}, not standin",
             ),
             (self.multinode is not None, "service.rdma", "a multi-node instance always opens the RDMA devices"),
+            # the watchdog judges generation tokens per verify call, read from /metrics
+            (
+                self.watchdog.enabled and not serve.speculative,
+                "watchdog",
+                f"{no_spec}: there is no acceptance to judge",
+            ),
+            (
+                self.watchdog.enabled and serve.speculative and not serve.metrics,
+                "watchdog",
+                "serve.metrics is false: the watchdog reads the server's /metrics",
+            ),
         ]
         for section in ("model", "drafter"):
             files = getattr(self, section)
@@ -963,3 +984,27 @@ def _given(model: BaseModel, prefix: str = "") -> Iterator[str]:
             yield from _given(value, f"{prefix}{name}.")
         else:
             yield f"{prefix}{name}"
+
+
+class Watchdog(Section):
+    """The acceptance watchdog on each host (roles/sglang_service/files/acceptance_watchdog.py): every interval it
+    reads the server's counters and judges the window's acceptance, generation tokens / verify calls."""
+
+    enabled: bool = True
+    initial_delay_s: int = Field(
+        default=300, ge=0, le=86400, description="after the server turns ready: warm-up and first requests"
+    )
+    interval_s: int = Field(default=60, ge=1, le=3600, description="one window")
+    min_verify_calls: int = Field(
+        default=100, ge=1, le=10_000_000, description="a window with fewer verify calls is inconclusive"
+    )
+    baseline: float | None = Field(
+        default=None, ge=1, le=64, description="the config's acceptance (a sweep's); unset: its first healthy windows"
+    )
+    baseline_windows: int = Field(default=3, ge=1, le=1000, description="healthy windows averaged into the baseline")
+    failure_fraction: float = Field(default=0.5, gt=0, lt=1, description="fails below this share of the baseline")
+    failure_floor: float = Field(default=1.5, ge=1, le=64, description="and below this acceptance length")
+    failure_limit: int = Field(default=3, ge=1, le=1000, description="consecutive failed windows before a rollback")
+
+
+Deployment.model_rebuild()  # Deployment names Watchdog before it is defined

@@ -279,6 +279,8 @@ def host_paths(dep: Deployment) -> HostPaths:
         libexec=LIBEXEC_DIR,
         argcheck=f"{LIBEXEC_DIR}/sglang_argcheck.py",
         standin=svc.standin_path if svc.launcher == "standin" else None,
+        watchdog_settings=svc.watchdog_settings_path,
+        watchdog_dir=svc.watchdog_dir,
     )
 
 

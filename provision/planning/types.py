@@ -108,6 +108,8 @@ class HostPaths(BaseModel):
     libexec: str
     argcheck: str
     standin: str | None  # only with the stand-in launcher
+    watchdog_settings: str
+    watchdog_dir: str
 
 
 class Plan(BaseModel):

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import shlex
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ UNTRAINED = "serve.allow_untrained_depth"
 
 SWITCH = paths.role_file("sglang_service", "service_switch.py")
 LOCKED = 3  # service_switch.py's exit code when another switch holds the host's lock
+REFUSED = 4  # ... when the acceptance watchdog marked the config failed on the host (and no --force)
 
 
 @dataclass
@@ -116,7 +118,36 @@ def plan_new(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_tex
     return out
 
 
-def switch(plan: Plan, remote: Remote) -> Outcome:
+def watchdog_paths(plan: Plan) -> dict[str, str]:
+    """Where the sglang_service role keeps the acceptance watchdog's settings and state on the host."""
+    return {"watchdog_settings_path": plan.paths.watchdog_settings, "watchdog_dir": plan.paths.watchdog_dir}
+
+
+def host_script(remote: Remote, verb: str, job: dict[str, Any], timeout: float | None = None) -> tuple[int, Any]:
+    """Run service_switch.py VERB on the host: (exit code, its JSON answer, or None when it gave none)."""
+    payload = base64.b64encode(json.dumps(job).encode()).decode()
+    proc = remote.run(f"python3 - {verb} {payload}", stdin=SWITCH.read_text(), timeout=timeout)
+    try:
+        return proc.return_code, json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return proc.return_code, {
+            "status": "failed",
+            "reason": f"the switch did not report: {proc.stderr.strip()[-500:]}",
+        }
+
+
+def refuse_failed(plan: Plan, remote: Remote) -> None:
+    """A config the host's acceptance watchdog rolled back is not applied again without --force."""
+    job = {"unit": plan.unit, "env": plan.env_file, "state_dir": plan.paths.serving_state}
+    code, answer = host_script(remote, "check", job, timeout=60)
+    failed = answer.get("failed") if code == 0 else None
+    if failed:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(failed["at"]))
+        raise InputError("--set", "", f"{plan.host}: the acceptance watchdog rolled this config back at {when} "
+                         f"({failed['reason']}); allowed: another config, or --force to apply it anyway")  # fmt: skip
+
+
+def switch(plan: Plan, remote: Remote, force: bool = False) -> Outcome:
     svc = plan.config.service
     job = {
         "name": svc.name, "unit": plan.unit, "env": plan.env_file,
@@ -125,24 +156,23 @@ def switch(plan: Plan, remote: Remote) -> Outcome:
         "api_key_file": plan.config.serve.api_key_file, "start_timeout_s": svc.start_timeout_s,
         "stop_timeout_s": svc.stop_timeout_s, "gpu_release_timeout_s": 120, "journal_lines": 40,
         "config": plan.config.model_dump(mode="json"), "by": f"provision reconfigure, pid {os.getpid()}",
+        # a switch that succeeds arms the host's acceptance watchdog for the new config
+        "watchdog": plan.config.watchdog.model_dump(mode="json"), **watchdog_paths(plan), "force": force,
     }  # fmt: skip
-    payload = base64.b64encode(json.dumps(job).encode()).decode()
-    proc = remote.run(f"python3 - switch {payload}", stdin=SWITCH.read_text())
-    try:
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        result = {"status": "failed", "reason": f"the switch did not report: {proc.stderr.strip()[-500:]}"}
-    return Outcome(plan.host, proc.return_code, result)
+    code, result = host_script(remote, "switch", job)
+    return Outcome(plan.host, code, result)
 
 
 def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_text: dict[str, str],
-                allow_untrained: bool, serial: int | None, console: Console) -> int:  # fmt: skip
+                allow_untrained: bool, serial: int | None, console: Console, force: bool = False) -> int:  # fmt: skip
     if not cli_set:
         raise InputError("--set", "", "give at least one KEY=VALUE to change, like serve.ddtree.budget=12")
     hosts = plan_new(inventory, target, cli_set, cli_text, allow_untrained, console)
     for plan, remote in hosts:  # every host is judged before any is touched
         check_applied(remote, plan)
         check_with_parser(remote, plan)
+        if not force:
+            refuse_failed(plan, remote)
     batch = serial or len(hosts)
     outcomes: list[Outcome] = []
     for start in range(0, len(hosts), batch):
@@ -150,13 +180,15 @@ def reconfigure(inventory: Inventory, target: str, cli_set: dict[str, Any], cli_
         # a thread per host's Connection, as Fabric's ThreadingGroup does, which runs one command line on all
         # hosts: each host's switch carries its own plan
         with ThreadPoolExecutor(max_workers=len(group)) as pool:
-            outcomes += list(pool.map(lambda pair: switch(*pair), group))
+            outcomes += list(pool.map(lambda pair: switch(*pair, force=force), group))
         if any(o.code != 0 for o in outcomes):
             break  # a failed batch stops the roll: the rest keep serving their config
     for outcome in outcomes:
         _report(outcome, console)
     if any(o.code == LOCKED for o in outcomes):
         return ExitCode.BUSY
+    if any(o.code == REFUSED for o in outcomes):  # refused before anything changed on that host
+        return ExitCode.BAD_INPUT
     return 0 if all(o.code == 0 for o in outcomes) and len(outcomes) == len(hosts) else 1
 
 
@@ -166,6 +198,9 @@ def _report(outcome: Outcome, console: Console) -> None:
         t = res["timings"]
         console.print(f"{outcome.host}: [green]serving the new config[/] (stop {t['stop_s']} s, ready "
                       f"{t['start_to_ready_s']} s after start)")  # fmt: skip
+    elif res.get("status") == "refused":
+        console.print(f"{outcome.host}: [bold red]refused[/]: the acceptance watchdog rolled this config back "
+                      f"({res['failed']['reason']}); --force applies it anyway")  # fmt: skip
     elif res.get("status") == "locked":
         console.print(f"{outcome.host}: [bold red]refused[/]: another reconfigure is running there ({res['holder']})")
     else:
@@ -183,14 +218,12 @@ def status(inventory: Inventory, target: str, console: Console) -> int:
         remote = for_host(inventory, plan.host)
         svc = plan.config.service
         job = {"name": svc.name, "state_dir": plan.paths.serving_state, "api_key_file": plan.config.serve.api_key_file,
-               "url": f"http://{plan.service_address}:{plan.config.serve.port}"}  # fmt: skip
-        payload = base64.b64encode(json.dumps(job).encode()).decode()
-        proc = remote.run(f"python3 - status {payload}", stdin=SWITCH.read_text(), timeout=60)
-        if proc.return_code != 0:
-            console.print(f"{plan.host}: cannot read the state: {proc.stderr.strip()[-300:]}")
+               "url": plan.service_url, **watchdog_paths(plan)}  # fmt: skip
+        rc, st = host_script(remote, "status", job, timeout=60)
+        if rc != 0:
+            console.print(f"{plan.host}: cannot read the state: {st.get('reason')}")
             code = 1
             continue
-        st = json.loads(proc.stdout.strip().splitlines()[-1])
         unit = st["unit"]
         console.print(f"[bold]{plan.host}[/] {svc.name}: {unit.get('ActiveState')}/{unit.get('SubState')} since "
                       f"{unit.get('ActiveEnterTimestamp')}, health {st['health']}"
@@ -198,7 +231,25 @@ def status(inventory: Inventory, target: str, console: Console) -> int:
         console.print(f"  acceptance length: {st['accept_length']}; GPU memory: {st['gpu_memory']}")
         for label in ("current", "last_good"):
             console.print(f"  {label}: {_summary(st[label])}")
+        _report_watchdog(st.get("watchdog"), st.get("watchdog_record") or {}, console)
     return code
+
+
+def _report_watchdog(state: dict[str, Any] | None, record: dict[str, Any], console: Console) -> None:
+    """The acceptance watchdog's phase, its last windows, and the rollbacks it asked for on this host."""
+    if state is None:
+        console.print("  watchdog: no state yet (not installed, or not started)")
+        return
+    console.print(f"  watchdog: {state['phase']}; {state['failures']} consecutive failed window(s)", markup=False)
+    for w in state["windows"][-5:]:
+        at = time.strftime("%H:%M:%S", time.localtime(w["t"]))
+        console.print(f"    {at} {w['verdict']}: {w['why']}", markup=False, highlight=False)
+    for r in record.get("rollbacks", [])[-3:]:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["at"]))
+        console.print(f"  watchdog rollback {at}: {r['status']} ({r['request']['reason']})", markup=False)
+    for config, failed in record.get("failed", {}).items():
+        console.print(f"  marked failed: {_summary(failed.get('config'))} (config {config}); reconfigure refuses it "
+                      "without --force", markup=False)  # fmt: skip
 
 
 def _summary(config: dict[str, Any] | None) -> str:

@@ -13,6 +13,9 @@ Environment:
   SGLANG_STANDIN_TOKEN_S   seconds per decode step (default 0.002); see "Speed" below.
   SGLANG_STANDIN_DRAIN_S   after SIGTERM/SIGINT, how long in-flight requests may run (default 30).
   SGLANG_DDTREE_MAX_TOPK   tree width for --speculative-algorithm DDTREE (default 1).
+  SGLANG_SIMULATE_ACC_LEN  SGLang's own test hook: with a speculative algorithm and a value > 0, the accept
+                           length L is that value clamped to [1, B] (SGLang's sample_simulated_acc_len
+                           clamps the same way); 1 is a collapse. <= 0 or unset: the formula below.
 
 Text: deterministic, seeded by the prompt (chat: the messages; /generate: the text). With
 --reasoning-parser, a reasoning part comes first. A line ``STANDIN-REPLY-JSON: {"reasoning": "...",
@@ -113,6 +116,7 @@ class Env:
     token_s: float
     drain_s: float
     ddtree_topk: int
+    simulate_acc_len: float = -1.0  # SGLang's default: off
 
     @classmethod
     def read(cls) -> Env:
@@ -128,7 +132,22 @@ class Env:
             token_s=env_float("SGLANG_STANDIN_TOKEN_S", 0.002),
             drain_s=env_float("SGLANG_STANDIN_DRAIN_S", 30.0),
             ddtree_topk=int(raw_topk),
+            simulate_acc_len=simulated_acc_len(),
         )
+
+
+def simulated_acc_len() -> float:
+    """SGLANG_SIMULATE_ACC_LEN as SGLang reads it (an EnvFloat, default -1: off); negative values mean off."""
+    raw = os.environ.get("SGLANG_SIMULATE_ACC_LEN", "").strip()
+    if not raw:
+        return -1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        fail(f"SGLANG_SIMULATE_ACC_LEN={raw!r} is not a number", 2)
+    if not math.isfinite(value):
+        fail(f"SGLANG_SIMULATE_ACC_LEN={raw!r} must be a finite number", 2)
+    return value
 
 
 def block_size(args: argparse.Namespace) -> int:
@@ -141,6 +160,8 @@ def accept_length(args: argparse.Namespace, env: Env) -> float:
     block = block_size(args)
     if not algorithm or algorithm == "NONE" or block < 2:
         return 1.0
+    if env.simulate_acc_len > 0:
+        return max(1.0, min(float(block), env.simulate_acc_len))
     share = 0.45
     if algorithm == "DDTREE":
         topk = env.ddtree_topk
@@ -382,6 +403,7 @@ class Standin:
             accept = self.spec_accept_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
             running = self.inflight
             verify_calls = self.spec_verify_ct
+            throughput = self.last_gen_throughput
         lines += [
             "# HELP sglang:spec_verify_calls_total Number of speculative decoding verification calls. (standin)",
             "# TYPE sglang:spec_verify_calls_total counter",
@@ -392,6 +414,9 @@ class Standin:
             "# HELP sglang:num_running_reqs The number of running requests. (standin)",
             "# TYPE sglang:num_running_reqs gauge",
             f"sglang:num_running_reqs{{{labels}}} {float(running)}",
+            "# HELP sglang:gen_throughput The generation throughput (token/s). (standin)",
+            "# TYPE sglang:gen_throughput gauge",
+            f"sglang:gen_throughput{{{labels}}} {throughput}",
         ]
         return "\n".join(lines) + "\n"
 

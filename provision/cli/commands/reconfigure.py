@@ -17,5 +17,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise InputError("--serial", str(args.serial), "must be 1 or more")
     cli_set, cli_text = targets.cli_set(args)
     return reconfigure(
-        targets.inventory(args), args.host, cli_set, cli_text, args.allow_untrained_depth, args.serial, console
+        targets.inventory(args),
+        args.host,
+        cli_set,
+        cli_text,
+        args.allow_untrained_depth,
+        args.serial,
+        console,
+        args.force,
     )

@@ -1,7 +1,8 @@
 """Switch the SGLang service to a new configuration on this host, safely; or report its state.
 
 Standalone, stdlib only (runs under the host's python3, sent by `provision reconfigure` and
-`provision status`). Usage: python3 service_switch.py switch|status BASE64_JSON
+`provision status`; the sglang_service role also ships it to the host for NAME-rollback.service).
+Usage: python3 service_switch.py switch|status|check|rollback BASE64_JSON|@JOB_FILE
 
 switch: holds a per-host lock for its whole run (a second switch is refused, exit 3), keeps the
 serving config as the last good one when it is healthy, stops the server gracefully (SIGTERM
@@ -9,11 +10,18 @@ drains) after installing the new unit and environment, waits until the old proce
 released (nvidia-smi; skipped with the reason on hosts without GPUs), starts, and waits until
 /health_generate answers 200 (refused connections and 503 mean "not yet"; the unit failing or
 restarting means "crashed"). When the new config does not become ready it restores the last good
-one, waits until that is ready again and exits 1. Prints one JSON object.
+one, waits until that is ready again and exits 1. A config the acceptance watchdog rolled back is
+refused (exit 4) unless the job says force; a switch that succeeds arms the watchdog anew.
+
+rollback: NAME-rollback.service runs it (as root) when the acceptance watchdog asks, under the same
+lock: it acts only when the request names the config serving now and no rollback was made under the
+same arming, marks that config failed, restores the last good one and keeps the reason in
+STATE_DIR/watchdog.json. Prints one JSON object.
 """
 
 import base64
 import fcntl
+import hashlib
 import json
 import os
 import subprocess
@@ -50,6 +58,11 @@ def read(path):
 def read_json(path):
     text = read(path)
     return json.loads(text) if text else None
+
+
+def config_id(unit, env):
+    """What identifies a serving config on a host: its unit and environment text (the watchdog computes it too)."""
+    return hashlib.sha256((unit + "\0" + env).encode()).hexdigest()[:16]
 
 
 def unit_state(name):
@@ -151,19 +164,63 @@ def journal(job, since):
     return out.splitlines()
 
 
-def switch(job):
-    state_dir = job["state_dir"]
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    lock = open(os.path.join(state_dir, "reconfigure.lock"), "a+")
+def take_lock(job, wait):
+    """The per-host lock (kept open for the process's life), or None when another holds it and wait is False."""
+    os.makedirs(job["state_dir"], mode=0o700, exist_ok=True)
+    lock = open(os.path.join(job["state_dir"], "reconfigure.lock"), "a+")
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         lock.seek(0)
-        return 3, {"status": "locked", "holder": lock.read().strip()}
+        return None, lock.read().strip()
     lock.seek(0)
     lock.truncate()
     lock.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')} ({job.get('by', '?')})\n")
     lock.flush()
+    return lock, None
+
+
+def watchdog_record(job):
+    return read_json(os.path.join(job["state_dir"], "watchdog.json")) or {"failed": {}, "rollbacks": []}
+
+
+def restore(job, key, last_good):
+    """Stop, install the last good config, start and wait: (ready, detail); current.json follows when ready."""
+    sh("systemctl", "stop", job["name"], timeout=job["stop_timeout_s"] + 30)
+    install(job, last_good["unit"], last_good["env"])
+    restarts = unit_state(job["name"]).get("NRestarts", "0")
+    sh("systemctl", "start", job["name"])
+    back, detail = wait_ready(job, key, restarts)
+    if back and last_good.get("config") is not None:
+        write_atomic(os.path.join(job["state_dir"], "current.json"), json.dumps({**last_good, "since": time.time()}),
+                     0o600)  # fmt: skip
+    return back, None if back else detail
+
+
+def arm_watchdog(job):
+    """Write the new config's watchdog settings into the role's settings file (a new arming: no hold)."""
+    path = job.get("watchdog_settings_path")
+    settings = read_json(path) if path else None
+    if settings is None:
+        return  # no watchdog installed on this host
+    settings.update(watchdog=job["watchdog"], armed={"by": job.get("by", "?"), "at": time.time()})
+    write_atomic(path, json.dumps(settings, indent=1) + "\n", 0o644)
+
+
+def check(job):
+    """Whether the acceptance watchdog marked this config failed on this host."""
+    failed = watchdog_record(job)["failed"].get(config_id(job["unit"], job["env"]))
+    return 0, {"failed": failed}
+
+
+def switch(job):
+    lock, holder = take_lock(job, wait=False)
+    if lock is None:
+        return 3, {"status": "locked", "holder": holder}
+    state_dir = job["state_dir"]
+    failed = watchdog_record(job)["failed"].get(config_id(job["unit"], job["env"]))
+    if failed and not job.get("force"):
+        return 4, {"status": "refused", "failed": failed}
 
     key = (read(job["api_key_file"]) or "").strip() if job.get("api_key_file") else ""
     current_path, last_good_path = os.path.join(state_dir, "current.json"), os.path.join(state_dir, "last-good.json")
@@ -201,21 +258,53 @@ def switch(job):
         timings["started_at"], timings["detected_at"] = started_at, detail
         write_atomic(current_path, json.dumps({"config": job["config"], "unit": job["unit"], "env": job["env"],
                                                "since": time.time()}), 0o600)  # fmt: skip
+        arm_watchdog(job)
         return 0, {"status": "ok", "timings": timings, "server_info": server_info(job["url"], key)}
 
     lines = journal(job, since)
     result = {"status": "failed", "reason": detail, "journal": lines, "timings": timings, "rolled_back": False}
     if not last_good:
         return 1, result
-    sh("systemctl", "stop", job["name"], timeout=job["stop_timeout_s"] + 30)
-    install(job, last_good["unit"], last_good["env"])
-    restarts = unit_state(job["name"]).get("NRestarts", "0")
-    sh("systemctl", "start", job["name"])
-    back, back_detail = wait_ready(job, key, restarts)
-    if back and last_good.get("config") is not None:
-        write_atomic(current_path, json.dumps({**last_good, "since": time.time()}), 0o600)
-    result.update(rolled_back=True, rollback_ready=back, rollback_detail=None if back else back_detail)
+    back, back_detail = restore(job, key, last_good)
+    result.update(rolled_back=True, rollback_ready=back, rollback_detail=back_detail)
     return 1, result
+
+
+def rollback(job):
+    """The acceptance watchdog's request (NAME-rollback.service, root): back to the last good config, once an arming."""
+    request_path = os.path.join(job["request_dir"], "rollback-request.json")
+    request = read_json(request_path)
+    if request is None:
+        return 0, {"status": "nothing to do"}
+    lock, _ = take_lock({**job, "by": "acceptance watchdog rollback"}, wait=True)
+    record = watchdog_record(job)
+    serving_id = config_id(read(job["unit_path"]) or "", read(job["env_path"]) or "")
+    arm = hashlib.sha256((read(job["watchdog_settings_path"]) or "").encode()).hexdigest()[:16]
+    entry = {"at": time.time(), "request": {k: request.get(k) for k in ("id", "config_id", "arm", "reason", "at")},
+             "windows": request.get("windows", [])[-20:]}  # fmt: skip
+    last_good = read_json(os.path.join(job["state_dir"], "last-good.json"))
+    if request.get("config_id") != serving_id or request.get("arm") != arm:
+        entry["status"] = "ignored: the config or its arming changed since the request"
+    elif any(r.get("arm") == arm and r.get("status") == "rolled back" for r in record["rollbacks"]):
+        entry["status"] = "ignored: a rollback was made under this arming already (no flapping)"
+    else:
+        current = read_json(os.path.join(job["state_dir"], "current.json")) or {}
+        record["failed"][serving_id] = {"at": entry["at"], "reason": request.get("reason"),
+                                        "config": current.get("config")}  # fmt: skip
+        if not last_good or config_id(last_good["unit"], last_good["env"] or "") == serving_id:
+            entry["status"] = "failed: no other last good config to roll back to"
+        else:
+            key = (read(job["api_key_file"]) or "").strip() if job.get("api_key_file") else ""
+            ready, detail = restore(job, key, last_good)
+            entry.update(status="rolled back", arm=arm, to=config_id(last_good["unit"], last_good["env"] or ""),
+                         ready=ready, detail=detail)  # fmt: skip
+    entry["from"] = serving_id
+    record["rollbacks"].append(entry)
+    write_atomic(os.path.join(job["state_dir"], "watchdog.json"), json.dumps(record), 0o600)
+    # answered: the path unit stops firing, and the watchdog sees its request was handled
+    os.replace(request_path, os.path.join(job["request_dir"], "rollback-request.handled.json"))
+    lock.close()
+    return 0, entry
 
 
 def status(job):
@@ -229,6 +318,7 @@ def status(job):
         gpu = sh("nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader").stdout.strip()
     current = read_json(os.path.join(state_dir, "current.json")) or {}
     last_good = read_json(os.path.join(state_dir, "last-good.json")) or {}
+    watchdog = read_json(os.path.join(job["watchdog_dir"], "state.json")) if job.get("watchdog_dir") else None
     return 0, {
         "unit": unit_state(job["name"]),
         "health": health(job["url"], key),
@@ -237,11 +327,14 @@ def status(job):
         "accept_length": accept,
         "standin": info.get("standin", False),
         "gpu_memory": gpu,
+        "watchdog": watchdog,
+        "watchdog_record": watchdog_record(job),
     }
 
 
 if __name__ == "__main__":
-    verb, payload = sys.argv[1], json.loads(base64.b64decode(sys.argv[2]))
-    code, out = {"switch": switch, "status": status}[verb](payload)
+    verb, arg = sys.argv[1], sys.argv[2]
+    payload = json.loads(read(arg[1:]) if arg.startswith("@") else base64.b64decode(arg))
+    code, out = {"switch": switch, "status": status, "check": check, "rollback": rollback}[verb](payload)
     print(json.dumps(out))
     sys.exit(code)
