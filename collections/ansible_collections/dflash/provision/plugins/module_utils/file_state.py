@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import grp
+import hashlib
 import os
 import pwd
 from collections.abc import Callable
@@ -34,3 +35,24 @@ def dir_state(path: str) -> str:
 def file_state(path: str) -> str:
     """path_state of a regular file; empty when the path is missing or not a regular file."""
     return path_state(path) if os.path.isfile(path) else ""
+
+
+def sha1(path: str) -> str:
+    """SHA-1 of a regular file's content; empty when the path is missing or not a regular file."""
+    if not os.path.isfile(path):
+        return ""
+    digest = hashlib.sha1()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def report(files: list[str] = (), dirs: list[str] = (), paths: list[str] = ()) -> dict[str, dict[str, str]]:
+    """What the probes return for managed paths: each file's SHA-1 and state, each directory's and path's state."""
+    return {
+        "file_sha1": {path: sha1(path) for path in files},
+        "file_state": {path: file_state(path) for path in files},
+        "dir_state": {path: dir_state(path) for path in dirs},
+        "path_state": {path: path_state(path) for path in paths},
+    }

@@ -1,5 +1,7 @@
-#!/usr/bin/python
-# One read-only look at every model directory the model_store role decides on, in a single round trip.
+# What the model_store role decides on: whether each model directory is complete (config, index, every
+# shard's header, sizes), what a copy source has that the host lacks, and who can read it. Read-only; the
+# host probe (dflash.provision.host_probe) calls collect() on the host and probe() for copy sources on the
+# control node.
 
 from __future__ import annotations
 
@@ -10,96 +12,17 @@ import pwd
 import stat
 import struct
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dflash.provision.plugins.module_utils.file_state import dir_state, file_state
+from ansible_collections.dflash.provision.plugins.module_utils.file_state import report
 
-DOCUMENTATION = r"""
-module: model_probe
-short_description: Read whether model directories are complete, without changing anything
-description:
-  - For each model directory, reports whether it exists, whether config.json parses (and the DFlash block
-    size it declares), the safetensors weights (model.safetensors.index.json and every shard it names, or a
-    single model.safetensors), shards whose size disagrees with their own safetensors header, the files and
-    their sizes, and the free space on the filesystem holding the directory (or its nearest existing parent).
-  - Given a source manifest (relative file name to size), also reports which files differ from it.
-  - Reads only the config, the index and each shard's header, never the weights. Never changes the host;
-    supports check mode.
-options:
-  models:
-    description: The model directories to probe, name to absolute path.
-    type: dict
-    required: true
-  sources:
-    description: >-
-      Per name, what the files should be: a dict with files (relative name to size) and dirs (relative
-      directories), like this module's own result for the source directory. Adds to_copy,
-      to_copy_bytes and dirs_to_create to that name's result.
-    type: dict
-    default: {}
-  readable_by:
-    description: A user that must be able to read the files (the service user); other's bits when it does not exist.
-    type: str
-    required: false
-  python:
-    description: An interpreter whose presence to report (the one that downloads).
-    type: path
-    required: false
-  marker:
-    description: Name of the file inside a model directory that records where it was fetched from.
-    type: str
-    default: .dflash-model-store.json
-  files:
-    description: >-
-      Other files whose SHA-1 and owner, group and mode to report (the role's drafter record), so a
-      settled one is not rewritten and a drifted one is.
-    type: list
-    elements: path
-    default: []
-  dirs:
-    description: Directories whose owner, group and mode to report, so a settled one is not touched.
-    type: list
-    elements: path
-    default: []
-author: dflash-provision developers
-"""
-
-EXAMPLES = r"""
-- name: Probe the target model and the drafter
-  dflash.provision.model_probe:
-    models:
-      model: /data/models/DeepSeek-V3
-      drafter: /data/models/DeepSeek-V3-DFlash
-    readable_by: sglang
-"""
-
-RETURN = r"""
-models:
-  description: >-
-    Per name: path, exists, complete, problems (what is missing or wrong, one line each), missing (files
-    named by the index that are absent), config_ok, block_size and block_size_key (from config.json's
-    dflash_config.block_size or block_size; null and empty when neither), shards, size_bytes, files
-    (relative name to size), dirs, free_bytes, free_path, device (of the filesystem), marker (the marker
-    file's content, {} when absent), unreadable (what the readable_by user cannot read), and with a source: to_copy
-    (relative names whose size differs or that are absent), to_copy_bytes and dirs_to_create.
-  type: dict
-  returned: always
-file_sha1:
-  description: Path to SHA-1 of each of the files option's files; empty for a missing one.
-  type: dict
-  returned: always
-file_state:
-  description: Path to "owner:group:mode" (like root:root:0644) of each given file; empty for a missing one.
-  type: dict
-  returned: always
-dir_state:
-  description: Path to "owner:group:mode" (like root:root:0755) of each given directory; empty for a missing one.
-  type: dict
-  returned: always
-python_exists:
-  description: Whether the python option names an executable.
-  type: bool
-  returned: when python is given
-"""
+SPEC = {
+    "models": {"type": "dict", "required": True},
+    "sources": {"type": "dict", "default": {}},
+    "readable_by": {"type": "str", "required": False},
+    "python": {"type": "path", "required": False},
+    "marker": {"type": "str", "default": ".dflash-model-store.json"},
+    "files": {"type": "list", "elements": "path", "default": []},
+    "dirs": {"type": "list", "elements": "path", "default": []},
+}
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -307,37 +230,14 @@ def probe(path, source, who, marker):
     return result
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec={
-            "models": {"type": "dict", "required": True},
-            "sources": {"type": "dict", "default": {}},
-            "readable_by": {"type": "str", "required": False},
-            "python": {"type": "path", "required": False},
-            "marker": {"type": "str", "default": ".dflash-model-store.json"},
-            "files": {"type": "list", "elements": "path", "default": []},
-            "dirs": {"type": "list", "elements": "path", "default": []},
-        },
-        supports_check_mode=True,
-    )
-    who = _who(module.params["readable_by"])
+def collect(module, params):
+    who = _who(params["readable_by"])
     models = {}
-    for name, path in module.params["models"].items():
+    for name, path in params["models"].items():
         if not isinstance(path, str) or not os.path.isabs(path):
             module.fail_json(msg=f"model {name}: the path must be absolute, got {path!r}")
-        source = module.params["sources"].get(name)
-        models[name] = probe(os.path.normpath(path), source, who, module.params["marker"])
-    result = {
-        "changed": False,
-        "models": models,
-        "file_sha1": {path: module.sha1(path) or "" for path in module.params["files"]},
-        "file_state": {path: file_state(path) for path in module.params["files"]},
-        "dir_state": {path: dir_state(path) for path in module.params["dirs"]},
-    }
-    if module.params["python"]:
-        result["python_exists"] = os.access(module.params["python"], os.X_OK)
-    module.exit_json(**result)
-
-
-if __name__ == "__main__":
-    main()
+        models[name] = probe(os.path.normpath(path), params["sources"].get(name), who, params["marker"])
+    result = {"models": models, **report(files=params["files"], dirs=params["dirs"])}
+    if params["python"]:
+        result["python_exists"] = os.access(params["python"], os.X_OK)
+    return result
