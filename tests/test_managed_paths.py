@@ -7,7 +7,6 @@ import json
 import pwd
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +14,7 @@ from tests.conftest import ROOT
 from tests.test_bad_input import assert_refused
 
 sys.path.insert(0, str(ROOT / "collections"))
-from ansible_collections.dflash.provision.plugins.modules import ownership  # noqa: E402
+from ansible_collections.dflash.provision.plugins.module_utils import ownership  # noqa: E402
 
 ROOTS_LIST = "/opt, /srv, /var/cache, /var/lib, /etc, /usr/local, /models"
 OUTSIDE = "is not below a directory of its own in service.managed_roots"
@@ -121,7 +120,7 @@ def test_h200_inventory_plans(run) -> None:
 
 def guard(paths=(), adopt=(), user=None, unit=None, manifest=None):
     params = {"paths": list(paths), "adopt": list(adopt), "user": user, "unit": unit}
-    return ownership.check(SimpleNamespace(params=params), manifest or {"paths": {}, "accounts": {}})
+    return ownership.check(params, manifest or {"paths": {}, "accounts": {}})
 
 
 def entry(path: Path, own: Path | None = None, kind: str = "directory") -> dict:
@@ -140,8 +139,8 @@ def test_guard_reports_what_an_earlier_run_claimed_until_it_is_recorded(tmp_path
     claimed = {"paths": {str(tmp_path / "venv"): {"type": "directory", "owner": ownership.CLAIMED}}, "accounts": {}}
     refused, absent, _ = guard([entry(tmp_path / "venv")], manifest=claimed)
     assert (refused, absent) == ([], [{"path": str(tmp_path / "venv"), "type": "directory"}])
-    module = SimpleNamespace(params={"paths": absent, "user": None})
-    assert ownership.record(module, claimed) is True
+    params = {"paths": absent, "user": None}
+    assert ownership.record(params, claimed) is True
     assert claimed["paths"][str(tmp_path / "venv")]["owner"] != ownership.CLAIMED
     assert guard([entry(tmp_path / "venv")], manifest=claimed)[:2] == ([], [])
 
@@ -209,13 +208,13 @@ def test_record_writes_the_manifest_atomically(tmp_path: Path) -> None:
     made.mkdir()
     manifest_path = tmp_path / "state" / "owned.json"
     paths = [{"path": str(made), "type": "directory"}, {"path": str(tmp_path / "later"), "type": "file"}]
-    module = SimpleNamespace(params={"paths": paths, "user": None})
+    params = {"paths": paths, "user": None}
     manifest = ownership.read_manifest(str(manifest_path))
-    assert ownership.record(module, manifest) is True
+    assert ownership.record(params, manifest) is True
     ownership.write_manifest(str(manifest_path), manifest)
     saved = json.loads(manifest_path.read_text())
     assert saved["paths"][str(made)]["type"] == "directory"
     assert saved["paths"][str(tmp_path / "later")] == {"type": "file", "owner": "(claimed, not created yet)"}
     assert [p.name for p in manifest_path.parent.iterdir()] == ["owned.json"]  # no temporary file left
     # a second record of the same is no change
-    assert ownership.record(module, ownership.read_manifest(str(manifest_path))) is False
+    assert ownership.record(params, ownership.read_manifest(str(manifest_path))) is False

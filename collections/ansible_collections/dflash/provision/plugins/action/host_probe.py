@@ -6,7 +6,6 @@ import os
 from typing import Any
 
 from ansible.plugins.action import ActionBase
-
 from ansible_collections.dflash.provision.plugins.module_utils.probe_models import SPEC as MODELS_SPEC
 from ansible_collections.dflash.provision.plugins.module_utils.probe_models import probe
 
@@ -27,7 +26,11 @@ class ActionModule(ActionBase):
             sources = {}
             for model, path in copy_sources.items():
                 if not isinstance(path, str) or not os.path.isabs(path):
-                    return {**result, "failed": True, "msg": f"check {name}: copy source of {model} must be an absolute path on the control node, got {path!r}"}
+                    return {
+                        **result,
+                        "failed": True,
+                        "msg": f"check {name}: the copy source of {model} must be an absolute path, got {path!r}",
+                    }
                 sources[model] = probe(os.path.normpath(path), None, None, marker)
             sourced[name] = sources
             checks[name] = {**check, "args": {**args, "sources": sources}}

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible_collections.dflash.provision.plugins.module_utils import ownership, probe_cuda, probe_driver, probe_models, probe_venv
+from ansible_collections.dflash.provision.plugins.module_utils import (
+    ownership,
+    probe_cuda,
+    probe_driver,
+    probe_models,
+    probe_venv,
+)
 
 DOCUMENTATION = r"""
 module: host_probe
@@ -21,7 +27,7 @@ description:
     owner:group:mode), directories, paths, an account, units (active and enabled) and whether a key's
     environment file holds the key (never the key). C(models) reads model directories (config, index, every
     shard's header, sizes, who can read them) against a copy source's manifest. C(ownership) is the
-    ownership guard's check (see M(dflash.provision.ownership)): a host where apply would take over anything
+    ownership guard's check (see M(dflash.provision.ownership)); a host where apply would take over anything
     it did not create fails, naming each.
   - The action plugin reads the C(models) checks' C(copy_sources) on the control node first, in process, and
     passes their manifests as C(sources); their findings come back as C(source_models).

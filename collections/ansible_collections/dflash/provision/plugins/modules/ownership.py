@@ -6,7 +6,13 @@
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dflash.provision.plugins.module_utils.ownership import SPEC, collect, read_manifest, record, write_manifest
+from ansible_collections.dflash.provision.plugins.module_utils.ownership import (
+    SPEC,
+    collect,
+    read_manifest,
+    record,
+    write_manifest,
+)
 
 DOCUMENTATION = r"""
 module: ownership
