@@ -189,6 +189,8 @@ def test_guard_uses_an_existing_account_only_adopted_and_a_system_one() -> None:
     assert f"the account {name} (service.user) exists and apply did not create it: add {name} to service.adopt" in why
     assert guard(user=name, adopt=[name])[0] == []
     assert guard(user=name, manifest={"paths": {}, "accounts": {name: {"uid": 1}}})[0] == []
+    # claimed by a run and made since (by python_env), not recorded yet: still to record, never refused
+    assert guard(user=name, manifest={"paths": {}, "accounts": {name: {"uid": None}}})[::2] == ([], True)
     # root (uid 0, a login shell) never, adopted or not
     (why,) = guard(user="root", adopt=["root"])[0]
     assert "uid 0" in why and "choose a service.user that does not exist" in why

@@ -28,7 +28,17 @@ SET_VAR = "dflash_set"
 CLI_SET_VAR = "dflash_cli_set"
 # Variables the tool sets itself (the playbooks, `provision apply`, the plan fact): an inventory that
 # sets one would be read by ansible-playbook and not by `provision plan`, so it is refused.
-RESERVED_VARS = (CLI_SET_VAR, "dflash_plan", "dflash_host_type", "dflash_standin_src")
+# The play's look at the host (dflash_host_checks, dflash_host_probe, dflash_probe_stale) is among them: an
+# inventory must not be able to tell the roles a host is settled.
+RESERVED_VARS = (
+    CLI_SET_VAR,
+    "dflash_plan",
+    "dflash_host_type",
+    "dflash_standin_src",
+    "dflash_host_checks",
+    "dflash_host_probe",
+    "dflash_probe_stale",
+)
 OTHER_VARS = (SET_VAR, *RESERVED_VARS)
 
 

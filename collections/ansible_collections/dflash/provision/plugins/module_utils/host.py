@@ -12,16 +12,29 @@ def run(module, args):
         return 127, "", "not found"
 
 
-def dpkg_version(module, name):
-    """The installed version of a package; empty when it is not installed."""
-    rc, out, _ = run(module, ["dpkg-query", "-W", "-f=${Status}|${Version}", name])
-    if rc != 0 or not out.startswith("install ok installed|"):
-        return ""
-    return out.split("|", 1)[1].strip()
+# what dpkg said of each package in this module run: the host probe asks once for every check's packages
+_DPKG = {}
 
 
-def dpkg_installed(module, name):
-    return dpkg_version(module, name) != ""
+def dpkg_versions(module, names):
+    """The installed version of each package (empty when it is not installed), in one dpkg-query call."""
+    ask = sorted({name for name in names if name not in _DPKG})
+    if ask:
+        # unknown names make dpkg-query exit 1 but it still reports the known ones
+        _, out, _ = run(module, ["dpkg-query", "-W", "-f=${Package}|${Status}|${Version}\n", *ask])
+        found = {}
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) == 3 and parts[1] == "install ok installed":
+                found[parts[0]] = parts[2].strip()
+        _DPKG.update({name: found.get(name, "") for name in ask})
+    return {name: _DPKG[name] for name in names}
+
+
+def missing(module, names):
+    """The given packages that are not installed, in their order."""
+    versions = dpkg_versions(module, names)
+    return [name for name in names if not versions[name]]
 
 
 def nvidia_smi(module):

@@ -94,7 +94,8 @@ def _account_refusal(name, manifest, adopt):
     except KeyError:
         return None, True
     if name in manifest["accounts"]:
-        return None, False
+        # claimed by a run that stopped (or is still running) before recording it: recorded once it exists
+        return None, manifest["accounts"][name].get("uid") is None
     limit = sys_uid_max()
     shell = entry.pw_shell
     seen = f"the account {name} (service.user) exists and apply did not create it"

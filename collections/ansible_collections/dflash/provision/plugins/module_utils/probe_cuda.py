@@ -9,7 +9,7 @@ import os
 import re
 
 from ansible_collections.dflash.provision.plugins.module_utils.file_state import report
-from ansible_collections.dflash.provision.plugins.module_utils.host import dpkg_installed, nvidia_smi, run
+from ansible_collections.dflash.provision.plugins.module_utils.host import missing, nvidia_smi, run
 
 SPEC = {
     "packages": {"type": "list", "elements": "str", "default": []},
@@ -50,7 +50,7 @@ def _nvcc_release(module, home):
 def collect(module, params):
     home, marker = params["home"], params["marker"]
     installed, _, versions, error = nvidia_smi(module)
-    repo_missing = [name for name in params["repo_packages"] if not dpkg_installed(module, name)]
+    repo_missing = missing(module, params["repo_packages"])
     built_from = ""
     if marker and os.path.isfile(marker):
         with open(marker) as handle:
@@ -60,7 +60,7 @@ def collect(module, params):
     return {
         "driver_versions": versions,
         "driver_missing_reason": "" if versions else error if not installed else f"nvidia-smi failed: {error[:200]}",
-        "missing_packages": [name for name in params["packages"] if not dpkg_installed(module, name)],
+        "missing_packages": missing(module, params["packages"]),
         "repo_packages_missing": repo_missing,
         # apt-get update is needed only for what apt's lists do not know yet
         "repo_packages_unknown": [name for name in repo_missing if not _has_candidate(module, name)],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.dflash.provision.plugins.module_utils.host import dpkg_version, nvidia_smi, run
+from ansible_collections.dflash.provision.plugins.module_utils.host import dpkg_versions, nvidia_smi, run
 
 SPEC = {
     "proc_version": {"type": "path", "default": "/proc/driver/nvidia/version"},
@@ -43,5 +43,5 @@ def collect(module, params):
         "loaded_version": loaded.group(1) if loaded else "",
         "disk_version": disk.group(1) if disk else "",
         "disk_open": "Dual MIT/GPL" in modinfo_text,
-        "packages": {name: dpkg_version(module, name) for name in params["packages"]},
+        "packages": dpkg_versions(module, params["packages"]),
     }

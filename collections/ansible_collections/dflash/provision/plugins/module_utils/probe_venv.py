@@ -11,7 +11,7 @@ import pwd
 import sys
 
 from ansible_collections.dflash.provision.plugins.module_utils.file_state import report
-from ansible_collections.dflash.provision.plugins.module_utils.host import dpkg_installed, run
+from ansible_collections.dflash.provision.plugins.module_utils.host import missing, run
 
 SPEC = {
     "venv": {"type": "path", "required": True},
@@ -43,10 +43,24 @@ def _user_entry(name):
     return f"{entry.pw_dir}:{entry.pw_shell}" if entry else ""
 
 
-def _unit_state(module, name):
-    rc, out, _ = run(module, ["systemctl", "show", "-p", "ActiveState", "-p", "UnitFileState", "--value", name])
-    values = out.split()
-    return ":".join(values) if rc == 0 and len(values) == 2 else ""
+def _unit_states(module, names):
+    """Each unit's "ActiveState:UnitFileState", in one systemctl call; empty where systemd has no answer."""
+    states = {name: "" for name in names}
+    if not names:
+        return states
+    rc, out, _ = run(
+        module, ["systemctl", "show", "-p", "Id", "-p", "ActiveState", "-p", "UnitFileState", "--", *names]
+    )
+    if rc != 0:
+        return states
+    # one block of KEY=value lines per unit, in the order asked, blank lines between
+    blocks = [
+        dict(line.split("=", 1) for line in block.splitlines() if "=" in line) for block in out.strip().split("\n\n")
+    ]
+    for name, props in zip(names, blocks, strict=False):
+        if props.get("ActiveState") and props.get("UnitFileState"):
+            states[name] = "{}:{}".format(props["ActiveState"], props["UnitFileState"])
+    return states
 
 
 def _systemd_version(module, units):
@@ -91,9 +105,9 @@ def collect(module, params):
         "machine": platform.machine(),
         "venv_exists": os.access(os.path.join(venv, "bin", "python3"), os.X_OK),
         "stamps": _stamps(venv),
-        "missing_packages": [name for name in params["packages"] if not dpkg_installed(module, name)],
+        "missing_packages": missing(module, params["packages"]),
         "user_entry": _user_entry(params["user"]),
-        "unit_state": {name: _unit_state(module, name) for name in params["units"]},
+        "unit_state": _unit_states(module, params["units"]),
         "systemd_version": _systemd_version(module, params["units"]),
         "key_env_in_sync": _key_env_in_sync(params["key_env"]),
         **report(files=params["files"], dirs=params["dirs"], paths=params["paths"]),

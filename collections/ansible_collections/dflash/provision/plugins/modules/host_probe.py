@@ -13,6 +13,7 @@ from ansible_collections.dflash.provision.plugins.module_utils import (
     probe_models,
     probe_venv,
 )
+from ansible_collections.dflash.provision.plugins.module_utils.host import dpkg_versions
 
 DOCUMENTATION = r"""
 module: host_probe
@@ -80,6 +81,16 @@ def main():
         if validated.error_messages:
             module.fail_json(msg=f"check {name} ({kind}): " + "; ".join(validated.error_messages))
         checks[name] = (PROBES[kind], validated.validated_parameters)
+    # every check's packages in one dpkg-query call
+    dpkg_versions(
+        module,
+        [
+            name
+            for _, params in checks.values()
+            for key in ("packages", "repo_packages")
+            for name in params.get(key) or []
+        ],
+    )
     # the guard first: a host apply would take over fails before anything else is read
     ordered = sorted(checks.items(), key=lambda item: item[1][0] is not ownership)
     module.exit_json(changed=False, found={name: probe.collect(module, params) for name, (probe, params) in ordered})
