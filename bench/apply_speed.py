@@ -2,15 +2,21 @@
 
   no-op re-apply / floor : `provision apply`, and plain ansible-playbook, on an applied host vs
                            bench/floor.yml (gather the same facts, ping)
+  drifted re-apply / floor: plain ansible-playbook on the same host after one managed file was changed
+                           (each of DRIFTS in turn: its content edited), and the file checked back as it was
   fleet 3 / fleet 1      : applying to 3 fresh b300 hosts vs 1 fresh one, each with cold control-side
                            caches (the wheels are downloaded and the FlashInfer modules built once per
                            run, for the whole fleet)
 
-Usage: .venv/bin/python bench/apply_speed.py [--repeat N] [--skip-warm] [--noop-only] [--mitogen]
+Usage: .venv/bin/python bench/apply_speed.py [--repeat N] [--skip-warm] [--noop-only] [--mitogen] [--profile DIR]
 
 --noop-only measures the no-op re-apply alone, on the b300 sandbox host: it keeps one already up, applies
 once to settle it (a full apply on a fresh host) and leaves it up, so a before/after comparison of a role
 change can run on the same host (`provision sandbox down` when done).
+
+--profile DIR writes where a no-op's and a drifted re-apply's seconds go, per task, as ansible.posix's
+profile_tasks callback prints them (DIR/noop-profile.txt, DIR/drift-profile.txt); ansible.posix comes from
+the `ansible` package's wheel (pip download, once, into ~/.cache/dflash-provision).
 
 --mitogen runs the applies (not the floor) under mitogen's strategy (`pip install mitogen` first): a
 measured try, not the shipped configuration. PROVISION_SANDBOX_ID picks the sandbox, as for `provision sandbox`.
@@ -25,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 from provision.sandbox import layout
@@ -42,6 +49,52 @@ def timed(*cmd: str, env: dict[str, str] = ENV) -> float:
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
     return elapsed
+
+
+# One managed file per place in the play: early (its role's change makes the roles after it look again) and
+# last (the service's environment: a restart and a readiness wait).
+DRIFTS = (
+    "/opt/dflash-provision/libexec/triton_aot.py",
+    "/etc/sglang-dflash/sglang-dflash.env",
+)
+
+
+def on_host(host: str, script: str) -> str:
+    proc = subprocess.run(
+        [PROVISION, "sandbox", "exec", host, "--", "sh", "-c", script], env=ENV, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        sys.exit(f"failed on {host}: {script}\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def sha1_on(host: str, path: str) -> str:
+    return on_host(host, f"sha1sum {path}").split()[0]
+
+
+def profile_env() -> dict[str, str]:
+    """ansible.posix's profile_tasks callback, from the `ansible` package's wheel (downloaded once)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dflash-provision" / "ansible-posix"
+    if not (cache / "ansible_collections" / "ansible" / "posix").is_dir():
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, "ansible>=12,<13"], check=True
+            )
+            with zipfile.ZipFile(next(Path(tmp).glob("ansible-*.whl"))) as wheel:
+                posix = [name for name in wheel.namelist() if name.startswith("ansible_collections/ansible/posix/")]
+                wheel.extractall(cache, posix)
+    return {
+        **ENV,
+        "ANSIBLE_COLLECTIONS_PATH": f"{cache}:{ROOT / 'collections'}",
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+        "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all",
+        "PROFILE_TASKS_SORT_ORDER": "none",
+    }
+
+
+def profiled(out: Path, *cmd: str) -> None:
+    proc = subprocess.run(cmd, cwd=ROOT, env=profile_env(), capture_output=True, text=True)
+    out.write_text(proc.stdout + proc.stderr)
 
 
 def fresh(hosts: str) -> None:
@@ -73,6 +126,7 @@ def main() -> None:
     parser.add_argument("--skip-warm", action="store_true", help="the apt proxy's cache is warm already")
     parser.add_argument("--noop-only", action="store_true", help="only the no-op re-apply; leaves the host up")
     parser.add_argument("--mitogen", action="store_true", help="the applies under mitogen's strategy (not the floor)")
+    parser.add_argument("--profile", type=Path, help="profile_tasks' per-task seconds of a no-op and a drift, here")
     args = parser.parse_args()
     apply_env = mitogen_env() if args.mitogen else ENV
     state = Path(tempfile.mkdtemp(prefix="bench-runs-"))
@@ -92,12 +146,24 @@ def main() -> None:
         print(f"fleet of {count}: first apply {fleet[count]:.1f} s", flush=True)
 
     noop, plain, floor = [], [], []
+    drifted: dict[str, list[float]] = {path: [] for path in DRIFTS}
     playbook = [str(BIN / "ansible-playbook"), "-i", inventory, "--limit", "b300-sbx"]
     for _ in range(args.repeat):
         apply = [PROVISION, "apply", "--host", "b300-sbx", "--sandbox", "--state-dir", str(state)]
         noop.append(timed(*apply, env=apply_env))
         plain.append(timed(*playbook, "playbooks/b300.yml", env=apply_env))
         floor.append(timed(*playbook, "bench/floor.yml"))
+        for path in DRIFTS:
+            settled = sha1_on("b300-sbx", path)
+            on_host("b300-sbx", f"echo '# drift' >> {path}")
+            drifted[path].append(timed(*playbook, "playbooks/b300.yml", env=apply_env))
+            if sha1_on("b300-sbx", path) != settled:
+                sys.exit(f"the re-apply left {path} drifted")
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        profiled(args.profile / "noop-profile.txt", *playbook, "playbooks/b300.yml")
+        on_host("b300-sbx", f"echo '# drift' >> {DRIFTS[0]}")
+        profiled(args.profile / "drift-profile.txt", *playbook, "playbooks/b300.yml")
     if not args.noop_only:
         timed(PROVISION, "sandbox", "down")
     n, p, f = statistics.median(noop), statistics.median(plain), statistics.median(floor)
@@ -106,6 +172,9 @@ def main() -> None:
     )
     print(f"no-op re-apply (ansible-playbook playbooks/b300.yml) {p:.2f} s vs floor {f:.2f} s: ratio {p / f:.2f}")
     print("  (aim <= 2; provision apply also validates the plans itself before it starts Ansible)")
+    for path, times in drifted.items():
+        d = statistics.median(times)
+        print(f"drifted re-apply ({path} edited, corrected) {d:.2f} s vs floor {f:.2f} s: ratio {d / f:.2f} (aim <= 3)")
     if fleet:
         print(f"fleet 3 vs 1: {fleet[3]:.1f} s vs {fleet[1]:.1f} s: ratio {fleet[3] / fleet[1]:.2f} (aim <= 1.4)")
 
