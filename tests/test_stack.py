@@ -55,7 +55,7 @@ def _apply(state: Path, *extra: str) -> tuple[int, str]:
     proc = subprocess.run(
         [str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "provision"), "apply", "--host", "all",
          "--sandbox", "--state-dir", str(state), *extra],
-        capture_output=True, text=True, timeout=1800,
+        capture_output=True, text=True, timeout=1800, env={**os.environ, "COLUMNS": "250"},  # a task name a line
     )  # fmt: skip
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -84,6 +84,50 @@ def test_apply_then_reapply_reports_no_change(applied) -> None:
     assert set(second) == {"rtx6000-sbx", "b300-sbx"}
     assert all(changed == 0 and failed == 0 and unreachable == 0 for _, changed, unreachable, failed in second.values())
     assert "driver check skipped: nvidia-smi is not installed" in out
+
+
+# The tasks a settled host's re-apply runs in the deploy play: the facts, the unit for its systemd, the OS
+# specifics, the one look and the ownership claim, then per role only its argument check and its end (and
+# nvidia_driver's refusals of what its argument spec cannot check)
+TASK = re.compile(r"^\s*TASK (.+)$", re.M)
+SETTLED_TASKS = re.compile(
+    r"Gather the facts the roles read.*|Render the unit for this host's systemd|Load what differs between the "
+    r"supported releases|Look at the whole host at once.*|Claim what apply is about to create|Record what apply created"
+    r"|Validating arguments against arg spec .*|End the role where the play's look found nothing to do"
+    r"|Gather the OS facts the role reads|Refuse an OS the role does not support|Load the OS specifics"
+    r"|Refuse the control node, and what the argument spec cannot check"
+)
+
+
+def deploy_tasks(out: str) -> list[str]:
+    return TASK.findall(out[out.index("PLAY Deploy") :])
+
+
+def test_a_settled_host_takes_one_look_and_every_role_ends_at_once(fresh_hosts, applied) -> None:
+    rc, out = applied("--limit", "b300-sbx")
+    assert rc == 0, out
+    assert recap(out)["b300-sbx"][1] == 0
+    tasks = deploy_tasks(out)
+    looks = [t for t in tasks if t.startswith("Look at")]
+    assert looks == ["Look at the whole host at once (read-only), and refuse what apply did not create"]
+    assert [t for t in tasks if not SETTLED_TASKS.fullmatch(t)] == []
+    # the eight roles: nvidia_driver, cuda_toolkit, python_env, model_store, triton, sglang, flashinfer, sglang_service
+    assert tasks.count("End the role where the play's look found nothing to do") == 8
+
+
+def test_a_package_removed_from_the_venv_is_installed_again(fresh_hosts, applied) -> None:
+    # the look reads what is installed now, not only the stamp of the last install
+    host = fresh_hosts["b300"]
+    site = "/opt/sglang-dflash/venv/lib/python3*/site-packages"
+    gone = on(host, "/opt/sglang-dflash/venv/bin/python3 -m pip uninstall -y -q triton && ls -d " + site + "/triton-*")
+    assert gone.returncode != 0, gone.stdout
+    rc, out = applied("--limit", "b300-sbx")
+    assert rc == 0, out
+    assert recap(out)["b300-sbx"][1] >= 1
+    assert on(host, "ls -d " + site + "/triton-3.*.dist-info").returncode == 0
+    rc, out = applied("--limit", "b300-sbx")
+    assert rc == 0, out
+    assert recap(out)["b300-sbx"][1] == 0
 
 
 def nvcc_cubin(host: layout.SandboxHost, sm: str, tmp_path: Path, resolve: str) -> tuple[str, str]:

@@ -1,12 +1,14 @@
 # What the python_env, triton, sglang, flashinfer and sglang_service roles decide on: the host Python's
-# platform (what wheels it takes), the virtualenv and the stamps the roles left in it (what each install
-# and check was made from), OS packages, managed files and directories, an account, units and a key's
+# platform (what wheels it takes), the virtualenv, the distributions installed in it and the stamps the
+# roles left in it (what each install and check was made from), OS packages, managed files and directories, an account, units and a key's
 # environment file. Read-only.
 
 from __future__ import annotations
 
+import glob
 import os
 import platform
+import re
 import pwd
 import sys
 
@@ -97,6 +99,17 @@ def _stamps(venv):
     return stamps
 
 
+def _installed(venv):
+    """Each distribution installed in the venv (PEP 503 name to version), from its .dist-info directory's name."""
+    found = {}
+    for site in glob.glob(os.path.join(venv, "lib", "python*", "site-packages")):
+        for entry in os.listdir(site):
+            if entry.endswith(".dist-info") and "-" in entry:
+                name, version = entry[: -len(".dist-info")].rsplit("-", 1)
+                found[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return found
+
+
 def collect(module, params):
     venv = params["venv"]
     return {
@@ -105,6 +118,8 @@ def collect(module, params):
         "machine": platform.machine(),
         "venv_exists": os.access(os.path.join(venv, "bin", "python3"), os.X_OK),
         "stamps": _stamps(venv),
+        # what is installed now, not what the last install recorded: a removed or replaced package is drift
+        "installed": _installed(venv),
         "missing_packages": missing(module, params["packages"]),
         "user_entry": _user_entry(params["user"]),
         "unit_state": _unit_states(module, params["units"]),
