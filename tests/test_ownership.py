@@ -53,7 +53,8 @@ def apply(tmp_path: Path, *extra: str) -> tuple[int, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "provision", "apply", "--host", "b300", "--sandbox", "--state-dir", str(tmp_path),
          *extra],
-        capture_output=True, text=True, timeout=1200, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=1200, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"},  # a task name a line
     )  # fmt: skip
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -64,8 +65,9 @@ def test_existing_directory_and_login_account_are_refused_before_any_change(host
     assert rc != 0, out[-3000:]
     assert "/etc/sglang-dflash (service.config_dir) exists (directory, root:root) and apply did not create it" in out
     assert "the account sglang (service.user) exists and apply did not create it: uid 1000, shell /bin/bash" in out
-    # the guard is the first task that reaches the host: nothing after it ran
-    assert "Gather the facts the roles read" not in out
+    # the guard is part of the one look at the host, after the facts (read-only): nothing after it ran
+    tail = out[out.index("TASK Look at the whole host at once") :]
+    assert "\n  TASK" not in tail, tail
     assert recap(out)[host.name][1:] == (0, 0, 1)
     assert listing(host) == before
 
@@ -83,7 +85,9 @@ def test_the_adopted_directory_passes_the_guard(host, tmp_path: Path) -> None:
     before = listing(host)
     # a dry run: the guard passes, the roles go on (and change nothing)
     rc, out = apply(tmp_path, "--check", "--set", 'service.adopt=["/etc/sglang-dflash"]', "--set", "service.user=llm")
-    assert "Refuse paths and accounts that apply did not create (read-only)\n    ok: b300-sbx" in out, out[-3000:]
+    assert (
+        "Look at the whole host at once (read-only), and refuse what apply did not create\n    ok: b300-sbx" in out
+    ), out[-3000:]
     assert "Gather the facts the roles read" in out
     assert rc == 0, out[-3000:]
     assert listing(host) == before

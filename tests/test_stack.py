@@ -87,32 +87,42 @@ def test_apply_then_reapply_reports_no_change(applied) -> None:
 
 
 # The tasks a settled host's re-apply runs in the deploy play: the facts, the unit for its systemd, the OS
-# specifics, the one look and the ownership claim, then per role only its argument check and its end (and
-# nvidia_driver's refusals of what its argument spec cannot check)
-TASK = re.compile(r"^\s*TASK (.+)$", re.M)
+# specifics, the one look and the ownership claim, then per role only its argument check and its end; the
+# driver role's install is off here, so it checks (read-only, from the same look) and says what it found
 SETTLED_TASKS = re.compile(
     r"Gather the facts the roles read.*|Render the unit for this host's systemd|Load what differs between the "
-    r"supported releases|Look at the whole host at once.*|Claim what apply is about to create|Record what apply created"
-    r"|Validating arguments against arg spec .*|End the role where the play's look found nothing to do"
-    r"|Gather the OS facts the role reads|Refuse an OS the role does not support|Load the OS specifics"
-    r"|Refuse the control node, and what the argument spec cannot check"
+    r"supported releases|Look at the whole host at once.*|Validating arguments against arg spec .*"
+    r"|End the role where the play's look found nothing to do|Load the OS specifics|Refuse an OS the role does not "
+    r"support|Refuse the control node, and what the argument spec cannot check|Say that the install is off"
+    r"|Say why the driver check is skipped on a host without nvidia-smi|Check the loaded kernel modules are the open.*"
+    r"|Require a working nvidia-smi where one is installed|End the role where the new look found the planned driver.*"
 )
 
 
-def deploy_tasks(out: str) -> list[str]:
-    return TASK.findall(out[out.index("PLAY Deploy") :])
+def deploy_tasks_run(out: str) -> list[str]:
+    """The deploy play's tasks that ran on a host (not skipped), as `provision apply` shows them."""
+    ran, name, statuses = [], None, []
+    play = out[out.index("PLAY Deploy") :]
+    for line in [*play[: play.index("PLAY RECAP")].splitlines(), "  TASK"]:
+        if line.startswith("  TASK"):
+            if name is not None and not (statuses and all(st.startswith("skipped") for st in statuses)):
+                ran.append(name)
+            name, statuses = line[len("  TASK ") :], []
+        elif line.startswith("    ") and name is not None and not line.startswith("      "):
+            statuses.append(line.strip())
+    return ran
 
 
 def test_a_settled_host_takes_one_look_and_every_role_ends_at_once(fresh_hosts, applied) -> None:
     rc, out = applied("--limit", "b300-sbx")
     assert rc == 0, out
     assert recap(out)["b300-sbx"][1] == 0
-    tasks = deploy_tasks(out)
-    looks = [t for t in tasks if t.startswith("Look at")]
+    ran = deploy_tasks_run(out)
+    looks = [t for t in ran if t.startswith("Look at")]
     assert looks == ["Look at the whole host at once (read-only), and refuse what apply did not create"]
-    assert [t for t in tasks if not SETTLED_TASKS.fullmatch(t)] == []
-    # the eight roles: nvidia_driver, cuda_toolkit, python_env, model_store, triton, sglang, flashinfer, sglang_service
-    assert tasks.count("End the role where the play's look found nothing to do") == 8
+    assert [t for t in ran if not SETTLED_TASKS.fullmatch(t)] == []
+    # cuda_toolkit, python_env, model_store, triton, sglang, flashinfer and sglang_service
+    assert ran.count("End the role where the play's look found nothing to do") == 7
 
 
 def test_a_package_removed_from_the_venv_is_installed_again(fresh_hosts, applied) -> None:
