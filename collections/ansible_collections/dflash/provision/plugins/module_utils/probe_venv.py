@@ -1,15 +1,15 @@
 # What the python_env, triton, sglang, flashinfer and sglang_service roles decide on: the host Python's
 # platform (what wheels it takes), the virtualenv, the distributions installed in it and the stamps the
-# roles left in it (what each install and check was made from), OS packages, managed files and directories, an account, units and a key's
-# environment file. Read-only.
+# roles left in it (what each install and check was made from), OS packages, managed files and
+# directories, an account, units and a key's environment file. Read-only.
 
 from __future__ import annotations
 
 import glob
 import os
 import platform
-import re
 import pwd
+import re
 import sys
 
 from ansible_collections.dflash.provision.plugins.module_utils.file_state import report
