@@ -1,0 +1,144 @@
+"""The one look at a host (dflash.provision.host_probe) run as Ansible runs a module, on temporary trees of
+this machine, and the reads and the filter the roles decide with. tests/test_stack.py proves the look on
+sandbox hosts: a settled host takes it once and every role ends at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+COLLECTIONS = ROOT / "collections"
+sys.path.insert(0, str(COLLECTIONS))
+from ansible_collections.dflash.provision.plugins.filter.stamps import install_stamp, unmet  # noqa: E402
+from ansible_collections.dflash.provision.plugins.module_utils import host, probe_venv  # noqa: E402
+
+MODULE = COLLECTIONS / "ansible_collections/dflash/provision/plugins/modules/host_probe.py"
+
+
+def probe(tmp_path: Path, checks: dict) -> dict:
+    """The module's answer, run the way Ansible's module debugging runs one (its arguments from a file)."""
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"checks": checks}}))
+    proc = subprocess.run(
+        [sys.executable, str(MODULE), str(args)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(COLLECTIONS)},
+    )  # fmt: skip
+    return json.loads(proc.stdout)
+
+
+def venv_tree(root: Path) -> Path:
+    site = root / "lib" / "python3.11" / "site-packages"
+    for dist in ("torch-2.13.0+cpu", "flashinfer_python-0.7.2", "Foo.Bar-1.0"):
+        (site / f"{dist}.dist-info").mkdir(parents=True)
+    (root / ".dflash").mkdir()
+    (root / ".dflash" / "torch-triton").write_text(install_stamp(["torch==2.13.0+cpu"], True))
+    return root
+
+
+def test_one_call_answers_every_check_under_its_name(tmp_path: Path) -> None:
+    venv = venv_tree(tmp_path / "venv")
+    script = tmp_path / "script.py"
+    script.write_text("print('x')\n")
+    script.chmod(0o640)
+    found = probe(
+        tmp_path,
+        {
+            "python_env": {"probe": "venv", "args": {"venv": str(venv), "packages": ["dpkg", "no-such-package-here"]}},
+            "triton": {"probe": "venv", "args": {"venv": str(venv), "files": [str(script), str(tmp_path / "gone")]}},
+        },
+    )
+    assert found["changed"] is False and set(found["found"]) == {"python_env", "triton"}
+    env = found["found"]["python_env"]
+    # what is installed now, by PEP 503 name; the stamp as the last install left it
+    assert env["installed"] == {"torch": "2.13.0+cpu", "flashinfer-python": "0.7.2", "foo-bar": "1.0"}
+    assert env["stamps"] == {"torch-triton": install_stamp(["torch==2.13.0+cpu"], True)}
+    assert env["missing_packages"] == ["no-such-package-here"]
+    triton = found["found"]["triton"]
+    assert triton["file_state"][str(script)].endswith(":0640") and triton["file_state"][str(tmp_path / "gone")] == ""
+    assert triton["file_sha1"][str(tmp_path / "gone")] == "" and len(triton["file_sha1"][str(script)]) == 40
+
+
+@pytest.mark.parametrize(
+    ("check", "message"),
+    [
+        (
+            {"probe": "nvml", "args": {}},
+            "check x: probe must be one of cuda, driver, models, ownership, venv, got 'nvml'",
+        ),
+        ({"probe": "cuda", "args": {"hom": "/x"}}, "check x (cuda): missing required arguments: home"),
+        ({"probe": "venv", "args": {"venv": "/v", "key_env": {"key_file": "/k"}}}, "check x (venv): missing required"),
+    ],
+)
+def test_a_check_it_cannot_take_fails_naming_it(tmp_path: Path, check: dict, message: str) -> None:
+    found = probe(tmp_path, {"x": check})
+    assert found.get("failed") is True and found["msg"].startswith(message), found
+
+
+def test_the_ownership_guard_fails_the_look_before_any_role_is_read(tmp_path: Path) -> None:
+    taken = tmp_path / "etc-sglang"
+    taken.mkdir()
+    found = probe(
+        tmp_path,
+        {
+            "triton": {"probe": "venv", "args": {"venv": str(tmp_path / "venv")}},
+            "ownership": {
+                "probe": "ownership",
+                "args": {
+                    "manifest": str(tmp_path / "owned.json"),
+                    "paths": [{"path": str(taken), "field": "service.config_dir"}],
+                },
+            },
+        },
+    )  # fmt: skip
+    assert found.get("failed") is True
+    assert (
+        f"{taken} (service.config_dir) exists (directory" in found["msg"] and "add it to service.adopt" in found["msg"]
+    )
+
+
+class FakeModule:
+    """What the reads ask of AnsibleModule: run_command, answered from a table, and counted."""
+
+    def __init__(self, answers: dict[str, tuple[int, str, str]]) -> None:
+        self.answers, self.calls = answers, []
+
+    def run_command(self, args: list[str]) -> tuple[int, str, str]:
+        self.calls.append(args)
+        return self.answers[args[0]]
+
+
+def test_units_are_read_in_one_systemctl_call_in_the_order_asked() -> None:
+    out = (
+        "Id=sglang-dflash.service\nActiveState=active\nUnitFileState=enabled\n\n"
+        "Id=sglang-dflash-watchdog.service\nActiveState=failed\nUnitFileState=enabled\n\n"
+        "Id=nothing.service\nActiveState=inactive\nUnitFileState=\n"
+    )
+    module = FakeModule({"systemctl": (0, out, "")})
+    states = probe_venv._unit_states(module, ["sglang-dflash", "sglang-dflash-watchdog.service", "nothing.service"])
+    assert states == {"sglang-dflash": "active:enabled", "sglang-dflash-watchdog.service": "failed:enabled",
+                      "nothing.service": ""}  # fmt: skip
+    assert len(module.calls) == 1
+
+
+def test_packages_are_read_in_one_dpkg_query_call_and_not_again() -> None:
+    host._DPKG.clear()
+    out = "g++|install ok installed|4:12.2.0-3\npython3-venv|deinstall ok config-files|3.11.2-1\n"
+    module = FakeModule({"dpkg-query": (1, out, "dpkg-query: no packages found matching cuda-keyring\n")})
+    assert host.missing(module, ["g++", "python3-venv", "cuda-keyring"]) == ["python3-venv", "cuda-keyring"]
+    assert host.dpkg_versions(module, ["g++"]) == {"g++": "4:12.2.0-3"}
+    assert len(module.calls) == 1
+    host._DPKG.clear()
+
+
+def test_unmet_reads_the_installed_set_against_the_requirements() -> None:
+    installed = {"torch": "2.13.0+cpu", "triton": "3.7.0", "flashinfer-python": "0.7.2"}
+    reqs = ["torch==2.13.0+cpu", "triton==3.8.0", "flashinfer_python==0.7.2", "sglang==0.5.23", "numpy>=2"]
+    assert unmet(reqs, installed) == ["triton==3.8.0", "sglang==0.5.23", "numpy>=2"]
+    assert unmet(["not a requirement ("], installed) == ["not a requirement ("]
