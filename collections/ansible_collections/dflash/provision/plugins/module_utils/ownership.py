@@ -209,13 +209,17 @@ def record(params, manifest):
     return changed
 
 
+def load_manifest(module, path):
+    """read_manifest, or the module fails naming the file."""
+    try:
+        return read_manifest(path)
+    except (OSError, ValueError) as err:
+        module.fail_json(msg=f"{path}: cannot read the manifest of what apply created: {err}")
+
+
 def collect(module, params):
     """check() as the host probe reports it; a host with anything refused fails, naming each."""
-    try:
-        manifest = read_manifest(params["manifest"])
-    except (OSError, ValueError) as err:
-        module.fail_json(msg=f"{params['manifest']}: cannot read the manifest of what apply created: {err}")
-    refused, absent, account_absent = check(params, manifest)
+    refused, absent, account_absent = check(params, load_manifest(module, params["manifest"]))
     result = {"absent": absent, "account_absent": account_absent, "refused": refused}
     if refused:
         module.fail_json(msg="apply would take over what it did not create: " + " | ".join(refused), **result)

@@ -9,7 +9,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dflash.provision.plugins.module_utils.ownership import (
     SPEC,
     collect,
-    read_manifest,
+    load_manifest,
     record,
     write_manifest,
 )
@@ -94,10 +94,7 @@ def main():
     params = module.params
     if params["state"] == "check":
         module.exit_json(changed=False, **collect(module, params))
-    try:
-        manifest = read_manifest(params["manifest"])
-    except (OSError, ValueError) as err:
-        module.fail_json(msg=f"{params['manifest']}: cannot read the manifest of what apply created: {err}")
+    manifest = load_manifest(module, params["manifest"])
     changed = record(params, manifest)
     if changed and not module.check_mode:
         write_manifest(params["manifest"], manifest)
