@@ -10,16 +10,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING, NamedTuple
 
 import jinja2
-import yaml
 from pydantic import BaseModel, ConfigDict
 
 from provision.model.deployment import SECRET_NAME, Deployment, RuleError, check_path_limits
 from provision.model.server_args import END_OF_OPTIONS, Grammar, GrammarError, Occurrence
-from provision.model.tables import Dialect, ParserOption, parsers
+from provision.model.tables import Dialect, ParserOption, load_data, parsers
 
 if TYPE_CHECKING:
     from provision.planning.types import NodePlan, SystemdPlan
@@ -359,8 +357,7 @@ class DirectiveTable(BaseModel):
 
 @cache
 def directive_table() -> DirectiveTable:
-    text = resources.files("provision").joinpath("data", "systemd_directives.yml").read_text()
-    return DirectiveTable.model_validate(yaml.safe_load(text))
+    return DirectiveTable.model_validate(load_data("systemd_directives.yml"))
 
 
 def needs(line: str) -> tuple[str, int]:
