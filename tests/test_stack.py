@@ -92,7 +92,7 @@ SETTLED_TASKS = [
     "Refuse a release the roles do not support",
     "Load what differs between the supported releases",
     "Look at the whole host at once (read-only), and refuse what apply did not create",
-    "Decide from the look whether the host is settled",
+    "Decide from the look what differs, per role",
     "Check the roles' variables against their argument specs, at once",
     "Say that every role's part is as planned",
     "End the play for the settled host",
