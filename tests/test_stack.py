@@ -292,6 +292,20 @@ def test_reapply_follows_a_rotated_key_and_starts_a_stopped_service(fresh_hosts,
     assert "is ready at" not in out
 
 
+def test_a_restart_apply_asks_for_is_never_refused_by_the_units_start_limit(fresh_hosts, applied) -> None:
+    # StartLimitBurst=5 in StartLimitIntervalSec=600 bounds a crash loop; systemd counts deliberate starts too,
+    # so five restarts spend the budget, and the restart a drifted env file asks for must still happen
+    host = fresh_hosts["b300"]
+    restarts = "for i in 1 2 3 4 5 6; do systemctl restart sglang-dflash; done"
+    spent = on(host, f"{restarts}; systemctl is-active sglang-dflash")
+    assert b"failed" in spent.stdout or spent.returncode != 0, spent.stdout  # the limit is real on this host
+    on(host, "echo '# drift' >> /etc/sglang-dflash/sglang-dflash.env")
+    rc, out = applied("--limit", "b300-sbx")
+    assert rc == 0, out
+    assert "sglang-dflash is ready at" in out
+    assert on(host, "systemctl is-active sglang-dflash").stdout.decode().strip() == "active"
+
+
 def test_verify_passes_with_the_gpu_checks_skipped(applied, tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "provision"), "verify", "--host", "all",

@@ -184,13 +184,23 @@ def watchdog_record(job):
     return read_json(os.path.join(job["state_dir"], "watchdog.json")) or {"failed": {}, "rollbacks": []}
 
 
+def start(job):
+    """Start the unit for a deliberate switch: its NRestarts before the start, which wait_ready compares.
+
+    StartLimitBurst= counts every start in its interval, deliberate ones too: the start count is reset first
+    (reset-failed, which also zeroes NRestarts, hence read after it), so that switches never run into the
+    limit that bounds crash loops."""
+    sh("systemctl", "reset-failed", job["name"])
+    restarts = unit_state(job["name"]).get("NRestarts", "0")
+    sh("systemctl", "start", job["name"])
+    return restarts
+
+
 def restore(job, key, last_good):
     """Stop, install the last good config, start and wait: (ready, detail); current.json follows when ready."""
     sh("systemctl", "stop", job["name"], timeout=job["stop_timeout_s"] + 30)
     install(job, last_good["unit"], last_good["env"])
-    restarts = unit_state(job["name"]).get("NRestarts", "0")
-    sh("systemctl", "start", job["name"])
-    back, detail = wait_ready(job, key, restarts)
+    back, detail = wait_ready(job, key, start(job))
     if back and last_good.get("config") is not None:
         write_atomic(os.path.join(job["state_dir"], "current.json"), json.dumps({**last_good, "since": time.time()}),
                      0o600)  # fmt: skip
@@ -248,11 +258,9 @@ def switch(job):
         return 1, {"status": "failed", "reason": str(err), "rolled_back": False, "timings": timings}
 
     since = time.strftime("%Y-%m-%d %H:%M:%S")
-    restarts = unit_state(job["name"]).get("NRestarts", "0")
     t = time.monotonic()
     started_at = time.time()
-    sh("systemctl", "start", job["name"])
-    ready, detail = wait_ready(job, key, restarts)
+    ready, detail = wait_ready(job, key, start(job))
     timings["start_to_ready_s"] = round(time.monotonic() - t, 3)
     if ready:
         timings["started_at"], timings["detected_at"] = started_at, detail
