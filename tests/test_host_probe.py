@@ -11,11 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.conftest import ROOT
 
 COLLECTIONS = ROOT / "collections"
 sys.path.insert(0, str(COLLECTIONS))
+from ansible_collections.dflash.provision.plugins.filter.files import reaches  # noqa: E402
 from ansible_collections.dflash.provision.plugins.filter.stamps import install_stamp, unmet  # noqa: E402
 from ansible_collections.dflash.provision.plugins.module_utils import host, probe_venv  # noqa: E402
 
@@ -142,3 +145,44 @@ def test_unmet_reads_the_installed_set_against_the_requirements() -> None:
     reqs = ["torch==2.13.0+cpu", "triton==3.8.0", "flashinfer_python==0.7.2", "sglang==0.5.23", "numpy>=2"]
     assert unmet(reqs, installed) == ["triton==3.8.0", "sglang==0.5.23", "numpy>=2"]
     assert unmet(["not a requirement ("], installed) == ["not a requirement ("]
+
+
+LATER_CHECKS = {
+    "triton": {"probe": "venv", "args": {"venv": "/opt/v", "files": ["/opt/l/aot.py"], "dirs": ["/c", "/opt/l"]}},
+    "sglang": {"probe": "venv", "args": {"venv": "/opt/v", "files": ["/opt/l/argcheck.py"], "dirs": ["/opt/l"]}},
+    "sglang_service": {
+        "probe": "venv",
+        "args": {"venv": "/opt/v", "units": ["sglang-dflash"], "files": ["/etc/s/s.env"], "dirs": ["/etc/s"],
+                 "key_env": {"key_file": "/etc/k", "env_file": "/etc/s/secrets.env", "var": "K"}},
+    },
+}  # fmt: skip
+ORDER = ["triton", "sglang", "sglang_service"]
+
+
+@pytest.mark.parametrize(
+    ("writes", "role", "reached"),
+    [
+        (["/opt/l/aot.py"], "triton", False),  # a file no later role reads, in a directory they check
+        (["/opt/l"], "triton", True),  # that directory itself: its owner, group or mode
+        (["/opt/v"], "triton", True),  # the venv (a stamp, an install): the later venv checks read it
+        (["/opt/v/.dflash/triton-proof"], "triton", True),  # a file in the venv they read
+        (["/etc/s/secrets.env"], "sglang", True),  # a path inside a later check's argument mapping
+        (["/"], "sglang", True),  # anything: packages, the driver, units
+        (["/"], "sglang_service", False),  # the last role: nobody after it
+        (["/opt/l/aot.py"], "sglang", False),  # what only an earlier role reads
+        (["/opt/l/argcheck.py"], "triton", True),
+        ([], "triton", False),
+        (["/opt/l/aot.py"], "model_store", True),  # a role outside the play's order: every other check counts
+    ],
+)
+def test_a_write_reaches_what_a_later_role_looks_at(writes: list[str], role: str, reached: bool) -> None:
+    assert reaches(writes, LATER_CHECKS, ORDER, role) is reached
+
+
+@given(
+    st.lists(st.sampled_from(["/", "/opt", "/opt/l", "/opt/l/aot.py", "/opt/v/x", "/etc/s", "/c/d", "/x"]), max_size=4),
+    st.sampled_from(["/opt/l", "/opt/v/x", "/etc/s/s.env", "/x"]),
+)
+def test_more_writes_never_reach_less(writes: list[str], extra: str) -> None:
+    if reaches(writes, LATER_CHECKS, ORDER, "triton"):
+        assert reaches([*writes, extra], LATER_CHECKS, ORDER, "triton")

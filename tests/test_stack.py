@@ -123,6 +123,25 @@ def test_a_settled_host_takes_one_look_and_no_role_starts(fresh_hosts, applied) 
     assert "driver check skipped: nvidia-smi is not installed" in out
 
 
+# the task each role's look again ends with: it runs only where an earlier role's changes reached the role
+RELOOK = "Start again from a look that holds"
+
+
+def test_a_drifted_file_no_later_role_reads_is_put_back_without_a_second_look(fresh_hosts, applied) -> None:
+    host = fresh_hosts["b300"]
+    aot = "/opt/dflash-provision/libexec/triton_aot.py"
+    settled = on(host, f"sha1sum {aot}").stdout
+    assert on(host, f"echo '# drift' >> {aot}").returncode == 0
+    rc, out = applied("--limit", "b300-sbx")
+    assert rc == 0, out
+    assert recap(out)["b300-sbx"][1] == 1
+    assert on(host, f"sha1sum {aot}").stdout == settled
+    ran = deploy_tasks_run(out)
+    assert "Ship the ahead-of-time compile check" in ran
+    # the script lies in a directory later roles check, but none reads the script: the play's look still holds
+    assert RELOOK not in ran, ran
+
+
 def test_a_package_removed_from_the_venv_is_installed_again(fresh_hosts, applied) -> None:
     # the look reads what is installed now, not only the stamp of the last install
     host = fresh_hosts["b300"]
@@ -132,6 +151,8 @@ def test_a_package_removed_from_the_venv_is_installed_again(fresh_hosts, applied
     rc, out = applied("--limit", "b300-sbx")
     assert rc == 0, out
     assert recap(out)["b300-sbx"][1] >= 1
+    # an install into the venv reaches what the roles after python_env look at: the next one looks again
+    assert RELOOK in deploy_tasks_run(out)
     assert on(host, "ls -d " + site + "/triton-3.*.dist-info").returncode == 0
     rc, out = applied("--limit", "b300-sbx")
     assert rc == 0, out
