@@ -186,3 +186,30 @@ def test_a_write_reaches_what_a_later_role_looks_at(writes: list[str], role: str
 def test_more_writes_never_reach_less(writes: list[str], extra: str) -> None:
     if reaches(writes, LATER_CHECKS, ORDER, "triton"):
         assert reaches([*writes, extra], LATER_CHECKS, ORDER, "triton")
+
+
+def test_the_look_gathers_the_facts_setup_gathers(tmp_path: Path) -> None:
+    """host_probe_facts (host_probe's action with gather_subset): the same facts as ansible.builtin.setup, from
+    setup's own collectors, in the look's call."""
+    subset = ["min", "systemd"]
+    args = tmp_path / "setup.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"gather_subset": subset}}))
+    setup = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "ansible.modules.setup", str(args)], capture_output=True, text=True, timeout=60
+        ).stdout
+    )["ansible_facts"]
+    look = tmp_path / "look.json"
+    look.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"checks": {}, "gather_subset": subset}}))
+    proc = subprocess.run(
+        [sys.executable, str(MODULE.with_name("host_probe_facts.py")), str(look)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(COLLECTIONS)},
+    )  # fmt: skip
+    found = json.loads(proc.stdout)
+    assert found["found"] == {} and set(found["ansible_facts"]) == set(setup)
+    for key in ("ansible_distribution", "ansible_distribution_version", "ansible_kernel", "ansible_architecture"):
+        assert found["ansible_facts"][key] == setup[key], key
+    assert found["ansible_facts"].get("ansible_systemd") == setup.get("ansible_systemd")
+    # the roles' own looks after a change gather none: host_probe itself ships without setup's collectors
+    assert "ansible_facts" not in probe(tmp_path, {})
+    assert "ansible.module_utils.facts" not in MODULE.read_text()

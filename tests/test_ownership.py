@@ -65,7 +65,7 @@ def test_existing_directory_and_login_account_are_refused_before_any_change(host
     assert rc != 0, out[-3000:]
     assert "/etc/sglang-dflash (service.config_dir) exists (directory, root:root) and apply did not create it" in out
     assert "the account sglang (service.user) exists and apply did not create it: uid 1000, shell /bin/bash" in out
-    # the guard is part of the one look at the host, after the facts (read-only): nothing after it ran
+    # the guard is part of the one look at the host, with the facts (read-only): nothing after it ran
     tail = out[out.index("TASK Look at the whole host at once") :]
     assert "\n  TASK" not in tail, tail
     assert recap(out)[host.name][1:] == (0, 0, 1)
@@ -86,8 +86,10 @@ def test_the_adopted_directory_passes_the_guard(host, tmp_path: Path) -> None:
     # a dry run: the guard passes, the roles go on (and change nothing)
     rc, out = apply(tmp_path, "--check", "--set", 'service.adopt=["/etc/sglang-dflash"]', "--set", "service.user=llm")
     assert (
-        "Look at the whole host at once (read-only), and refuse what apply did not create\n    ok: b300-sbx" in out
+        "Look at the whole host at once (read-only), gather its facts, and refuse what apply did not create\n"
+        "    ok: b300-sbx" in out
     ), out[-3000:]
-    assert "Gather the facts the roles read" in out
+    # the facts came with the look: the release is known after it
+    assert "Refuse a release the roles do not support\n    ok: b300-sbx" in out
     assert rc == 0, out[-3000:]
     assert listing(host) == before

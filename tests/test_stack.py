@@ -86,12 +86,13 @@ def test_apply_then_reapply_reports_no_change(applied) -> None:
     assert "driver check skipped: nvidia-smi is not installed" in out
 
 
-# Every task a settled host's re-apply runs in the deploy play: the OS specifics, the one look, the decision,
+# Every task a settled host's re-apply runs in the deploy play: the one look (the facts in the same call; the
+# sandbox inventory names the hosts' systemd, so the unit is not rendered again), the OS specifics, the decision,
 # the roles' argument specs at once and the one line that says so; then the host ends, and no role starts.
 SETTLED_TASKS = [
+    "Look at the whole host at once (read-only), gather its facts, and refuse what apply did not create",
     "Refuse a release the roles do not support",
     "Load what differs between the supported releases",
-    "Look at the whole host at once (read-only), and refuse what apply did not create",
     "Decide from the look what differs, per role",
     "Check the roles' variables against their argument specs, at once",
     "Say that every role's part is as planned",

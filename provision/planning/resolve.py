@@ -7,11 +7,13 @@ the `dflash_set` entry, or the `--set` option.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from provision import paths
 from provision.ansible.origin import origin_of, origin_path
 from provision.errors import InputError
 from provision.model import overrides
@@ -73,10 +75,17 @@ class HostVars:
         # as typed, for messages
         self.cli_given = {k: (cli_text or {}).get(k, json.dumps(v)) for k, v in self.cli_set.items()}
 
+    def _tools_own(self, name: str) -> bool:
+        """Whether the tool's own playbooks define the variable (the deploy play's vars, seen where it resolves
+        again): no inventory sets those, whatever their names."""
+        path = origin_path(self.raw[name])
+        own = os.path.realpath(paths.playbooks()) + os.sep
+        return bool(path) and os.path.realpath(path).startswith(own)
+
     def _check_names(self) -> None:
         known = [PREFIX + s for s in SECTIONS] + list(OTHER_VARS)
         for name in self.raw:
-            if name.startswith(PREFIX) and name not in known:
+            if name.startswith(PREFIX) and name not in known and not self._tools_own(name):
                 source = origin_of(self.raw[name]) or self.fallback
                 raise InputError(source, name, f"unknown variable; known: {', '.join(known)}")
         for name in RESERVED_VARS:

@@ -34,8 +34,12 @@ class ActionModule(ActionBase):
                 sources[model] = probe(os.path.normpath(path), None, None, marker)
             sourced[name] = sources
             checks[name] = {**check, "args": {**args, "sources": sources}}
+        # the facts' module only where facts are asked for: setup's collectors cost the look a fifth of its time
+        facts = self._task.args.get("gather_subset")
         answer = self._execute_module(
-            module_name="dflash.provision.host_probe", module_args={"checks": checks}, task_vars=task_vars
+            module_name="dflash.provision.host_probe_facts" if facts else "dflash.provision.host_probe",
+            module_args={"checks": checks, **({"gather_subset": facts} if facts else {})},
+            task_vars=task_vars,
         )
         for name, sources in sourced.items():
             if name in answer.get("found", {}):

@@ -1,10 +1,11 @@
 # What the cuda_toolkit role decides on: the GPU driver versions (or why there are none), missing build
-# packages, NVIDIA's repository (its packages, its source file and the keyring's own list), what a
+# packages, NVIDIA's repository (its packages, its source file and the NVIDIA lists beside it), what a
 # pip-built prefix was built from, where the toolkit home points, the cuda alternative and nvcc's release.
 # Read-only.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 
@@ -19,6 +20,9 @@ SPEC = {
     "source": {"type": "path", "required": False},
     "files": {"type": "list", "elements": "path", "default": []},
     "paths": {"type": "list", "elements": "path", "default": []},
+    # the lists in this directory whose names match: the caller may not know the one it looks for yet
+    "lists_dir": {"type": "path", "required": False},
+    "lists_pattern": {"type": "str", "default": "*.list"},
 }
 
 
@@ -48,7 +52,7 @@ def _nvcc_release(module, home):
 
 
 def collect(module, params):
-    home, marker = params["home"], params["marker"]
+    home, marker, lists_dir = params["home"], params["marker"], params["lists_dir"]
     installed, _, versions, error = nvidia_smi(module)
     repo_missing = missing(module, params["repo_packages"])
     built_from = ""
@@ -71,5 +75,10 @@ def collect(module, params):
         "alternative": value.group(1).strip() if value else "",
         "alternatives": re.findall(r"^Alternative: (.*)$", out, re.M) if rc == 0 else [],
         "nvcc_release": _nvcc_release(module, home),
+        "lists": sorted(
+            os.path.join(lists_dir, name)
+            for name in (os.listdir(lists_dir) if lists_dir and os.path.isdir(lists_dir) else [])
+            if fnmatch.fnmatch(name, params["lists_pattern"])
+        ),
         **report(files=params["files"], paths=params["paths"]),
     }

@@ -13,6 +13,8 @@ SPEC = {
     "proc_version": {"type": "path", "default": "/proc/driver/nvidia/version"},
     "modinfo": {"type": "bool", "default": False},
     "packages": {"type": "list", "elements": "str", "default": []},
+    # linux-headers-<the running kernel> as well: the caller names packages before it knows the kernel
+    "kernel_headers": {"type": "bool", "default": False},
 }
 
 
@@ -43,5 +45,7 @@ def collect(module, params):
         "loaded_version": loaded.group(1) if loaded else "",
         "disk_version": disk.group(1) if disk else "",
         "disk_open": "Dual MIT/GPL" in modinfo_text,
-        "packages": dpkg_versions(module, params["packages"]),
+        "packages": dpkg_versions(
+            module, params["packages"] + (["linux-headers-" + os.uname().release] if params["kernel_headers"] else [])
+        ),
     }

@@ -5,15 +5,7 @@
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible_collections.dflash.provision.plugins.module_utils import (
-    ownership,
-    probe_cuda,
-    probe_driver,
-    probe_models,
-    probe_venv,
-)
-from ansible_collections.dflash.provision.plugins.module_utils.host import dpkg_versions
+from ansible_collections.dflash.provision.plugins.module_utils.look import SPEC, look
 
 DOCUMENTATION = r"""
 module: host_probe
@@ -32,12 +24,21 @@ description:
     it did not create fails, naming each.
   - The action plugin reads the C(models) checks' C(copy_sources) on the control node first, in process, and
     passes their manifests as C(sources); their findings come back as C(source_models).
+  - With I(gather_subset), the action runs the same look as M(dflash.provision.host_probe_facts), which also
+    gathers the host's facts as M(ansible.builtin.setup) does and returns them as C(ansible_facts): the play
+    reaches the host once. Without it, the module ships without setup's collectors (a fifth of the look's time).
   - Never changes the host; supports check mode.
 options:
   checks:
     description: Name (a role's) to a dict with C(probe) (driver, cuda, venv, models or ownership) and C(args).
     type: dict
     required: true
+  gather_subset:
+    description: >-
+      The facts to gather as well, as setup's I(gather_subset) names them; none when empty.
+    type: list
+    elements: str
+    default: []
 author: dflash-provision developers
 """
 
@@ -55,45 +56,25 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ansible_facts:
+  description: The facts of I(gather_subset), as setup returns them.
+  type: dict
+  returned: when gather_subset is given
 found:
   description: Check name to its findings (the keys each probe kind reports; see the role that reads them).
   type: dict
   returned: always
 """
 
-PROBES = {
-    "driver": probe_driver,
-    "cuda": probe_cuda,
-    "venv": probe_venv,
-    "models": probe_models,
-    "ownership": ownership,
-}
-
 
 def main():
-    module = AnsibleModule(argument_spec={"checks": {"type": "dict", "required": True}}, supports_check_mode=True)
-    checks = {}
-    for name, check in module.params["checks"].items():
-        kind = check.get("probe") if isinstance(check, dict) else None
-        if kind not in PROBES:
-            module.fail_json(msg=f"check {name}: probe must be one of {', '.join(sorted(PROBES))}, got {kind!r}")
-        validated = ArgumentSpecValidator(PROBES[kind].SPEC).validate(dict(check.get("args") or {}))
-        if validated.error_messages:
-            module.fail_json(msg=f"check {name} ({kind}): " + "; ".join(validated.error_messages))
-        checks[name] = (PROBES[kind], validated.validated_parameters)
-    # every check's packages in one dpkg-query call
-    dpkg_versions(
-        module,
-        [
-            name
-            for _, params in checks.values()
-            for key in ("packages", "repo_packages")
-            for name in params.get(key) or []
-        ],
+    module = AnsibleModule(
+        argument_spec={**SPEC, "gather_subset": {"type": "list", "elements": "str", "default": []}},
+        supports_check_mode=True,
     )
-    # the guard first: a host apply would take over fails before anything else is read
-    ordered = sorted(checks.items(), key=lambda item: item[1][0] is not ownership)
-    module.exit_json(changed=False, found={name: probe.collect(module, params) for name, (probe, params) in ordered})
+    if module.params["gather_subset"]:  # the action sends these to host_probe_facts; never ignored
+        module.fail_json(msg="gather_subset: the facts come from dflash.provision.host_probe_facts")
+    module.exit_json(changed=False, found=look(module))
 
 
 if __name__ == "__main__":
