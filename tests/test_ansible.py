@@ -133,3 +133,23 @@ def test_apply_picks_the_host_types_playbook(inventory: Path, tmp_path: Path, ru
         "apply", "--host", "rtx-test", "--inventory", str(inventory), "--state-dir", str(tmp_path), "--tags", "plan"
     )
     assert rc == 0 and "playbook playbooks/rtx6000.yml" in out and "b300-test :" not in out
+
+
+def test_apply_keeps_host_keys_checked_under_ansible_runner(tmp_path: Path) -> None:
+    """ansible-runner turns ANSIBLE_HOST_KEY_CHECKING off where the environment does not name it; apply passes the
+    value Ansible resolves from the shipped ansible.cfg (on), so a host with an unknown or changed key is refused as
+    under plain ansible-playbook. Checked in ansible-runner's own prepared environment, in a fresh process."""
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "site.yml").write_text("[]\n")
+    code = (
+        "import provision.inventory.reader\n"
+        "from ansible_runner.config.runner import RunnerConfig\n"
+        "from provision.ansible.runner import runner_env\n"
+        f"config = RunnerConfig(private_data_dir={str(tmp_path)!r}, playbook='site.yml', envvars=runner_env())\n"
+        "config.prepare()\n"
+        "print(config.env['ANSIBLE_HOST_KEY_CHECKING'])\n"
+    )
+    env = {k: v for k, v in ENV.items() if k not in ("ANSIBLE_HOST_KEY_CHECKING", "ANSIBLE_CONFIG")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"

@@ -213,3 +213,24 @@ def test_the_look_gathers_the_facts_setup_gathers(tmp_path: Path) -> None:
     # the roles' own looks after a change gather none: host_probe itself ships without setup's collectors
     assert "ansible_facts" not in probe(tmp_path, {})
     assert "ansible.module_utils.facts" not in MODULE.read_text()
+
+
+def test_checks_name_what_depends_on_the_host_by_what_they_find(tmp_path: Path) -> None:
+    """The play's look names its checks before it has read the host's release, arch or kernel: NVIDIA's lists
+    are found by pattern (the role compares the one it plans), the kernel headers by the kernel running here."""
+    lists = tmp_path / "sources.list.d"
+    lists.mkdir()
+    for name in ("cuda-debian12-x86_64.list", "cuda.sources", "other.list"):
+        (lists / name).write_text("deb x\n")
+    found = probe(
+        tmp_path,
+        {
+            "cuda_toolkit": {
+                "probe": "cuda",
+                "args": {"home": str(tmp_path / "cuda"), "lists_dir": str(lists), "lists_pattern": "cuda-*.list"},
+            },
+            "nvidia_driver": {"probe": "driver", "args": {"packages": ["dpkg"], "kernel_headers": True}},
+        },
+    )["found"]
+    assert found["cuda_toolkit"]["lists"] == [str(lists / "cuda-debian12-x86_64.list")]
+    assert set(found["nvidia_driver"]["packages"]) == {"dpkg", f"linux-headers-{os.uname().release}"}

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ansible.constants as C
 import ansible_runner
 from rich.console import Console
 from rich.text import Text
@@ -87,6 +88,18 @@ def record_plans(plans: list[Plan], run_dir: Path, resolved: dict[str, dict[str,
         write_atomic(plan_dir / f"{file_name(plan.host)}.json", text + "\n")
 
 
+def runner_env() -> dict[str, str]:
+    """The environment ansible-playbook runs in under ansible-runner: the shipped ansible.cfg, this environment's
+    ansible-playbook first, and the host key check as Ansible resolves it for that configuration (ansible-runner
+    turns the check off where the environment does not name it)."""
+    return {
+        "ANSIBLE_CONFIG": str(paths.ansible_config()),
+        # this environment's ansible-playbook first, whatever PATH says
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "ANSIBLE_HOST_KEY_CHECKING": str(bool(C.HOST_KEY_CHECKING)),
+    }
+
+
 def run_playbook(
     plans: list[Plan],
     playbook: Path,
@@ -119,11 +132,7 @@ def run_playbook(
         inventory=str(inventory.resolve()),
         extravars={**extravars, CLI_SET_VAR: cli_set},
         cmdline=shlex.join(cmdline),
-        envvars={
-            "ANSIBLE_CONFIG": str(paths.ansible_config()),
-            # this environment's ansible-playbook first, whatever PATH says
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        },
+        envvars=runner_env(),
         event_handler=progress,
         quiet=True,
     )
