@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +16,21 @@ import yaml
 from provision.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
+COLLECTIONS = ROOT / "collections"
+
+
+def run_module(module: str, args: dict, tmp_path: Path) -> dict:
+    """A module's answer (a file under the collection's plugins/modules, or -m NAME), run the way Ansible's module
+    debugging runs one: its arguments from a file."""
+    spec = tmp_path / f"{module.replace('/', '_')}-args.json"
+    spec.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    target = ["-m", module[3:]] if module.startswith("-m ") else [str(COLLECTIONS / module)]
+    proc = subprocess.run(
+        [sys.executable, *target, str(spec)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(COLLECTIONS)},
+    )  # fmt: skip
+    return json.loads(proc.stdout)
+
 
 LOCAL_HOSTS = {
     "all": {

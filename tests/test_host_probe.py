@@ -4,9 +4,7 @@ sandbox hosts: a settled host takes it once and every role ends at once."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,26 +12,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT
+from tests.conftest import COLLECTIONS, run_module
 
-COLLECTIONS = ROOT / "collections"
 sys.path.insert(0, str(COLLECTIONS))
 from ansible_collections.dflash.provision.plugins.filter.files import reaches  # noqa: E402
 from ansible_collections.dflash.provision.plugins.filter.stamps import install_stamp, unmet  # noqa: E402
 from ansible_collections.dflash.provision.plugins.module_utils import host, probe_venv  # noqa: E402
 
-MODULE = COLLECTIONS / "ansible_collections/dflash/provision/plugins/modules/host_probe.py"
+MODULE = "ansible_collections/dflash/provision/plugins/modules/host_probe.py"
 
 
 def probe(tmp_path: Path, checks: dict) -> dict:
-    """The module's answer, run the way Ansible's module debugging runs one (its arguments from a file)."""
-    args = tmp_path / "args.json"
-    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"checks": checks}}))
-    proc = subprocess.run(
-        [sys.executable, str(MODULE), str(args)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(COLLECTIONS)},
-    )  # fmt: skip
-    return json.loads(proc.stdout)
+    return run_module(MODULE, {"checks": checks}, tmp_path)
 
 
 def venv_tree(root: Path) -> Path:
@@ -192,27 +182,16 @@ def test_the_look_gathers_the_facts_setup_gathers(tmp_path: Path) -> None:
     """host_probe_facts (host_probe's action with gather_subset): the same facts as ansible.builtin.setup, from
     setup's own collectors, in the look's call."""
     subset = ["min", "systemd"]
-    args = tmp_path / "setup.json"
-    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"gather_subset": subset}}))
-    setup = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "ansible.modules.setup", str(args)], capture_output=True, text=True, timeout=60
-        ).stdout
-    )["ansible_facts"]
-    look = tmp_path / "look.json"
-    look.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"checks": {}, "gather_subset": subset}}))
-    proc = subprocess.run(
-        [sys.executable, str(MODULE.with_name("host_probe_facts.py")), str(look)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(COLLECTIONS)},
-    )  # fmt: skip
-    found = json.loads(proc.stdout)
+    setup = run_module("-m ansible.modules.setup", {"gather_subset": subset}, tmp_path)["ansible_facts"]
+    facts_module = MODULE.replace("host_probe", "host_probe_facts")
+    found = run_module(facts_module, {"checks": {}, "gather_subset": subset}, tmp_path)
     assert found["found"] == {} and set(found["ansible_facts"]) == set(setup)
     for key in ("ansible_distribution", "ansible_distribution_version", "ansible_kernel", "ansible_architecture"):
         assert found["ansible_facts"][key] == setup[key], key
     assert found["ansible_facts"].get("ansible_systemd") == setup.get("ansible_systemd")
     # the roles' own looks after a change gather none: host_probe itself ships without setup's collectors
     assert "ansible_facts" not in probe(tmp_path, {})
-    assert "ansible.module_utils.facts" not in MODULE.read_text()
+    assert "ansible.module_utils.facts" not in (COLLECTIONS / MODULE).read_text()
 
 
 def test_checks_name_what_depends_on_the_host_by_what_they_find(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ roles' drift correction with it on sandbox hosts."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,21 +13,14 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT
+from tests.conftest import COLLECTIONS, ROOT, run_module
 
-COLLECTIONS = ROOT / "collections"
-MODULE = COLLECTIONS / "ansible_collections/dflash/provision/plugins/modules/text_file.py"
+MODULE = "ansible_collections/dflash/provision/plugins/modules/text_file.py"
 BIN = Path(sys.executable).parent
 
 
 def text_file(tmp: Path, check: bool = False, diff: bool = False, **args: object) -> dict:
-    spec = tmp / "args.json"
-    spec.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check, "_ansible_diff": diff}}))
-    proc = subprocess.run(
-        [sys.executable, str(MODULE), str(spec)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(COLLECTIONS)},
-    )  # fmt: skip
-    return json.loads(proc.stdout)
+    return run_module(MODULE, {**args, "_ansible_check_mode": check, "_ansible_diff": diff}, tmp)
 
 
 def mode(path: Path) -> str:
