@@ -281,3 +281,23 @@ def test_a_multinode_instance_across_host_types_stops_the_play(inventory: Path, 
     assert rc == 2 and ("one instance spans one host type" in err or "differ" in err), err
     proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml", "--tags", "plan", "--check")
     assert proc.returncode != 0 and ("one instance spans one host type" in proc.stdout or "differ" in proc.stdout)
+
+
+def test_only_the_tools_own_playbooks_may_define_other_dflash_variables() -> None:
+    """Where the deploy play resolves again, its own vars (dflash_differs, ...) are among the variables: the tool's
+    playbooks define them. The same unknown name anywhere else, group_vars beside the playbooks included, is refused
+    as the inventory's typo, never accepted and ignored."""
+    from ansible._internal._datatag._tags import Origin
+
+    from provision import paths
+    from provision.errors import InputError
+    from provision.planning.resolve import HostVars
+
+    def names_checked(path: Path) -> None:
+        raw = {"dflash_differs": Origin(path=str(path), line_num=3).tag("x")}
+        HostVars("h", raw, lambda value: value, "inventory (host h)", inventory_dir="/nowhere").data()
+
+    names_checked(paths.playbooks() / "deploy.yml")
+    for elsewhere in (paths.playbooks() / "group_vars" / "all.yml", Path("/etc/ansible/group_vars/all.yml")):
+        with pytest.raises(InputError, match="dflash_differs: unknown variable"):
+            names_checked(elsewhere)

@@ -76,11 +76,11 @@ class HostVars:
         self.cli_given = {k: (cli_text or {}).get(k, json.dumps(v)) for k, v in self.cli_set.items()}
 
     def _tools_own(self, name: str) -> bool:
-        """Whether the tool's own playbooks define the variable (the deploy play's vars, seen where it resolves
-        again): no inventory sets those, whatever their names."""
+        """Whether one of the tool's own playbooks defines the variable (the deploy play's vars, seen where it
+        resolves again): no inventory sets those, whatever their names. A group_vars or host_vars file beside the
+        playbooks is an inventory's, not the tool's."""
         path = origin_path(self.raw[name])
-        own = os.path.realpath(paths.playbooks()) + os.sep
-        return bool(path) and os.path.realpath(path).startswith(own)
+        return bool(path) and os.path.dirname(os.path.realpath(path)) == os.path.realpath(paths.playbooks())
 
     def _check_names(self) -> None:
         known = [PREFIX + s for s in SECTIONS] + list(OTHER_VARS)
