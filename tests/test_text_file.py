@@ -95,8 +95,9 @@ def test_the_action_reads_src_on_the_control_node_in_check_diff_and_real_runs(tm
         return subprocess.run(
             [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
              "-e", f"ansible_python_interpreter={sys.executable}", *flags, str(playbook)],
+            # a host list (-i localhost,): provision itself, once imported in this process, allows YAML inventories only
             env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-                 "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS)},
+                 "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_INVENTORY_ENABLED": "host_list"},
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
 
