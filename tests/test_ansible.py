@@ -153,3 +153,36 @@ def test_apply_keeps_host_keys_checked_under_ansible_runner(tmp_path: Path) -> N
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [("--skip-tags", "driver"), ("--skip-tags", "cuda,service"), ("--tags", "models"), ("--tags", "plan,tagged")],
+)
+def test_the_play_looks_first_whatever_roles_the_tags_select(inventory: Path, selection: tuple[str, str]) -> None:
+    # the test hosts are unreachable: the first task that reaches one says which step comes first
+    proc = ansible_playbook("-i", str(inventory), "playbooks/site.yml", *selection)
+    assert proc.returncode != 0
+    first = proc.stdout.index("UNREACHABLE!")
+    task = proc.stdout[proc.stdout.rindex("TASK [", 0, first) : first]
+    assert task.startswith("TASK [Look at the whole host at once"), proc.stdout[-3000:]
+
+
+def test_the_play_steps_around_the_roles_are_tagged_for_every_selection() -> None:
+    # the look, the claim and the record are listed whichever roles run (they are skipped where none does)
+    listed = ansible_playbook("playbooks/b300.yml", "--list-tasks", "--skip-tags", "driver,flashinfer").stdout
+    for step in ("Look at the whole host at once", "Claim what apply is about to create", "Record what apply created"):
+        assert step in listed
+
+
+def test_the_tag_selection_is_ansibles_own() -> None:
+    sys.path.insert(0, str(ROOT / "collections"))
+    from ansible_collections.dflash.provision.plugins.filter.tags import selected  # noqa: PLC0415
+
+    roles = ["driver", "cuda", "service"]
+    assert selected(roles, ["all"], []) == roles
+    assert selected(roles, ["all"], ["driver"]) == ["cuda", "service"]
+    assert selected(roles, ["plan"], []) == []
+    assert selected(roles, ["plan", "cuda"], ["service"]) == ["cuda"]
+    assert selected(roles, ["tagged"], ["cuda"]) == ["driver", "service"]
+    assert selected(roles, ["all"], ["all"]) == []
