@@ -193,6 +193,23 @@ def test_the_wheel_works_from_outside_the_checkout(host, tmp_path: Path) -> None
     assert verified.returncode == 0, (verified.stdout + verified.stderr)[-3000:]
 
 
+@pytest.mark.parametrize(
+    ("fail", "timeout", "why"),
+    [("startup", 10, "not ready within 10 s (last /health_generate status 503)"),
+     # a deadline far off: the crash ends the wait, not the deadline
+     ("crash", 1800, "the server exited during start")],
+)  # fmt: skip
+def test_apply_says_why_the_server_did_not_become_ready(host, fail: str, timeout: int, why: str) -> None:
+    rc, out = provision("apply", "--host", HOST, "--sandbox", "--set", f"serve.env.SGLANG_STANDIN_FAIL={fail}",
+                        "--set", f"service.start_timeout_s={timeout}")  # fmt: skip
+    assert rc != 0, out[-3000:]
+    assert f"sglang-dflash did not become ready on /health_generate: {why}" in out, out[-3000:]
+    assert f"SGLANG_STANDIN_FAIL={fail}" in out  # the journal lines of the failed start
+    rc, out = provision("apply", "--host", HOST, "--sandbox")
+    assert rc == 0, out[-3000:]
+    assert healthy(host)
+
+
 def test_reconfigure_switches_and_the_new_args_show(host) -> None:
     rc, out = provision("reconfigure", "--host", HOST, "--sandbox", "--set", "serve.draft_window=1024")
     assert rc == 0, out

@@ -2,7 +2,7 @@
 
 Standalone, stdlib only (runs under the host's python3, sent by `provision reconfigure` and
 `provision status`; the sglang_service role also ships it to the host for NAME-rollback.service).
-Usage: python3 service_switch.py switch|status|check|rollback BASE64_JSON|@JOB_FILE
+Usage: python3 service_switch.py switch|status|check|rollback|wait BASE64_JSON|@JOB_FILE
 
 switch: holds a per-host lock for its whole run (a second switch is refused, exit 3), keeps the
 serving config as the last good one when it is healthy, stops the server gracefully (SIGTERM
@@ -17,6 +17,9 @@ rollback: NAME-rollback.service runs it (as root) when the acceptance watchdog a
 lock: it acts only when the request names the config serving now and no rollback was made under the
 same arming, marks that config failed, restores the last good one and keeps the reason in
 STATE_DIR/watchdog.json. Prints one JSON object.
+
+wait: the sglang_service role runs it (ansible.builtin.script) after apply (re)started the unit: a switch's
+wait alone, in one round trip; exit 1 with the reason where the server does not become ready.
 """
 
 import base64
@@ -85,6 +88,11 @@ def get(url, key):
         return 0, b""
 
 
+def api_key(job):
+    """The server's API key, read on the host from its root-only file (never passed around)."""
+    return (read(job["api_key_file"]) or "").strip() if job.get("api_key_file") else ""
+
+
 def health(url, key):
     return get(url + "/health_generate", key)[0]
 
@@ -115,6 +123,16 @@ def wait_ready(job, key, since_restarts):
                           f"{state.get('ActiveState')}/{state.get('SubState')})"  # fmt: skip
         time.sleep(POLL_S)
     return False, f"not ready within {job['start_timeout_s']} s (last /health_generate status {last or 'refused'})"
+
+
+def wait(job):
+    """Wait until the server apply (re)started answers 200, with a switch's own wait: one call, to a monotonic
+    deadline, and over at once where the unit fails or systemd restarts it (it crashed while loading)."""
+    began = time.monotonic()
+    ready, detail = wait_ready(job, api_key(job), unit_state(job["name"]).get("NRestarts", "0"))
+    if ready:
+        return 0, {"status": "ready", "waited_s": round(time.monotonic() - began, 3)}
+    return 1, {"status": "failed", "reason": detail}
 
 
 def gpu_pids():
@@ -232,7 +250,7 @@ def switch(job):
     if failed and not job.get("force"):
         return 4, {"status": "refused", "failed": failed}
 
-    key = (read(job["api_key_file"]) or "").strip() if job.get("api_key_file") else ""
+    key = api_key(job)
     current_path, last_good_path = os.path.join(state_dir, "current.json"), os.path.join(state_dir, "last-good.json")
     serving = {"unit": read(job["unit_path"]), "env": read(job["env_path"]),
                "config": (read_json(current_path) or {}).get("config")}  # fmt: skip
@@ -302,7 +320,7 @@ def rollback(job):
         if not last_good or config_id(last_good["unit"], last_good["env"] or "") == serving_id:
             entry["status"] = "failed: no other last good config to roll back to"
         else:
-            key = (read(job["api_key_file"]) or "").strip() if job.get("api_key_file") else ""
+            key = api_key(job)
             ready, detail = restore(job, key, last_good)
             entry.update(status="rolled back", arm=arm, to=config_id(last_good["unit"], last_good["env"] or ""),
                          ready=ready, detail=detail)  # fmt: skip
@@ -316,7 +334,7 @@ def rollback(job):
 
 
 def status(job):
-    key = (read(job["api_key_file"]) or "").strip() if job.get("api_key_file") else ""
+    key = api_key(job)
     state_dir = job["state_dir"]
     info = server_info(job["url"], key) or {}
     accept = ((info.get("internal_states") or [{}])[0]).get("avg_spec_accept_length")
@@ -343,6 +361,6 @@ def status(job):
 if __name__ == "__main__":
     verb, arg = sys.argv[1], sys.argv[2]
     payload = json.loads(read(arg[1:]) if arg.startswith("@") else base64.b64decode(arg))
-    code, out = {"switch": switch, "status": status, "check": check, "rollback": rollback}[verb](payload)
+    code, out = {"switch": switch, "status": status, "check": check, "rollback": rollback, "wait": wait}[verb](payload)
     print(json.dumps(out))
     sys.exit(code)
