@@ -210,6 +210,22 @@ def test_apply_says_why_the_server_did_not_become_ready(host, fail: str, timeout
     assert healthy(host)
 
 
+def test_apply_says_when_systemd_refuses_the_restart(host) -> None:
+    # an admin's drop-in that makes every start fail: systemctl restart itself answers with an error
+    dropin = "/etc/systemd/system/sglang-dflash.service.d"
+    assert on(host, f"mkdir -p {dropin} && printf '[Service]\\nExecStartPre=/bin/false\\n' > {dropin}/zz-test.conf"
+                    " && systemctl daemon-reload").returncode == 0  # fmt: skip
+    try:
+        rc, out = provision("apply", "--host", HOST, "--sandbox", "--set", "serve.env.SGLANG_STANDIN_LOAD_S=2")
+        assert rc != 0, out[-3000:]
+        assert "did not become ready on /health_generate: systemctl restart failed: Job for sglang-dflash" in out
+    finally:
+        assert on(host, f"rm -rf {dropin} && systemctl daemon-reload").returncode == 0
+    rc, out = provision("apply", "--host", HOST, "--sandbox")
+    assert rc == 0, out[-3000:]
+    assert healthy(host)
+
+
 def test_reconfigure_switches_and_the_new_args_show(host) -> None:
     rc, out = provision("reconfigure", "--host", HOST, "--sandbox", "--set", "serve.draft_window=1024")
     assert rc == 0, out

@@ -2,7 +2,7 @@
 
 Standalone, stdlib only (runs under the host's python3, sent by `provision reconfigure` and
 `provision status`; the sglang_service role also ships it to the host for NAME-rollback.service).
-Usage: python3 service_switch.py switch|status|check|rollback|wait BASE64_JSON|@JOB_FILE
+Usage: python3 service_switch.py switch|status|check|rollback|wait|restart BASE64_JSON|@JOB_FILE
 
 switch: holds a per-host lock for its whole run (a second switch is refused, exit 3), keeps the
 serving config as the last good one when it is healthy, stops the server gracefully (SIGTERM
@@ -18,8 +18,12 @@ lock: it acts only when the request names the config serving now and no rollback
 same arming, marks that config failed, restores the last good one and keeps the reason in
 STATE_DIR/watchdog.json. Prints one JSON object.
 
-wait: the sglang_service role runs it (ansible.builtin.script) after apply (re)started the unit: a switch's
+wait: the sglang_service role runs it (ansible.builtin.script) after apply started the unit: a switch's
 wait alone, in one round trip; exit 1 with the reason where the server does not become ready.
+
+restart: the sglang_service role's restart handler: the start count reset as a switch resets it, systemctl
+restart, then wait's own wait, all in one round trip; exit 1 with the reason (systemctl's own words where the
+restart is refused).
 """
 
 import base64
@@ -125,14 +129,29 @@ def wait_ready(job, key, since_restarts):
     return False, f"not ready within {job['start_timeout_s']} s (last /health_generate status {last or 'refused'})"
 
 
-def wait(job):
-    """Wait until the server apply (re)started answers 200, with a switch's own wait: one call, to a monotonic
-    deadline, and over at once where the unit fails or systemd restarts it (it crashed while loading)."""
+def waited(job, since_restarts):
     began = time.monotonic()
-    ready, detail = wait_ready(job, api_key(job), unit_state(job["name"]).get("NRestarts", "0"))
+    ready, detail = wait_ready(job, api_key(job), since_restarts)
     if ready:
         return 0, {"status": "ready", "waited_s": round(time.monotonic() - began, 3)}
     return 1, {"status": "failed", "reason": detail}
+
+
+def wait(job):
+    """Wait until the server apply started answers 200, with a switch's own wait: one call, to a monotonic
+    deadline, and over at once where the unit fails or systemd restarts it (it crashed while loading)."""
+    return waited(job, unit_state(job["name"]).get("NRestarts", "0"))
+
+
+def restart(job):
+    """Restart the unit apply changed and wait until it is ready: the start count reset as start() resets it,
+    then the restart (refused: systemctl's own words), then wait's own wait. What waited_s reports is the
+    server's start alone: from the restart's return (the old process is gone) to the first 200."""
+    since = reset_start_count(job)
+    done = sh("systemctl", "restart", job["name"])
+    if done.returncode != 0:
+        return 1, {"status": "failed", "reason": "systemctl restart failed: " + " ".join(done.stderr.split())}
+    return waited(job, since)
 
 
 def gpu_pids():
@@ -202,14 +221,17 @@ def watchdog_record(job):
     return read_json(os.path.join(job["state_dir"], "watchdog.json")) or {"failed": {}, "rollbacks": []}
 
 
-def start(job):
-    """Start the unit for a deliberate switch: its NRestarts before the start, which wait_ready compares.
-
-    StartLimitBurst= counts every start in its interval, deliberate ones too: the start count is reset first
-    (reset-failed, which also zeroes NRestarts, hence read after it), so that switches never run into the
-    limit that bounds crash loops."""
+def reset_start_count(job):
+    """StartLimitBurst= counts every start in its interval, deliberate ones too: the start count is reset before
+    a deliberate start (reset-failed, which also zeroes NRestarts, hence read after it), so that switches and
+    applies never run into the limit that bounds crash loops. Returns NRestarts, which wait_ready compares."""
     sh("systemctl", "reset-failed", job["name"])
-    restarts = unit_state(job["name"]).get("NRestarts", "0")
+    return unit_state(job["name"]).get("NRestarts", "0")
+
+
+def start(job):
+    """Start the unit for a deliberate switch: its NRestarts before the start, which wait_ready compares."""
+    restarts = reset_start_count(job)
     sh("systemctl", "start", job["name"])
     return restarts
 
@@ -361,6 +383,13 @@ def status(job):
 if __name__ == "__main__":
     verb, arg = sys.argv[1], sys.argv[2]
     payload = json.loads(read(arg[1:]) if arg.startswith("@") else base64.b64decode(arg))
-    code, out = {"switch": switch, "status": status, "check": check, "rollback": rollback, "wait": wait}[verb](payload)
+    code, out = {
+        "switch": switch,
+        "status": status,
+        "check": check,
+        "rollback": rollback,
+        "wait": wait,
+        "restart": restart,
+    }[verb](payload)
     print(json.dumps(out))
     sys.exit(code)
