@@ -2,7 +2,7 @@
 
 Standalone, stdlib only (runs under the host's python3, sent by `provision reconfigure` and
 `provision status`; the sglang_service role also ships it to the host for NAME-rollback.service).
-Usage: python3 service_switch.py switch|status|check|rollback|wait|restart BASE64_JSON|@JOB_FILE
+Usage: python3 service_switch.py switch|status|check|rollback|up|restart BASE64_JSON|@JOB_FILE
 
 switch: holds a per-host lock for its whole run (a second switch is refused, exit 3), keeps the
 serving config as the last good one when it is healthy, stops the server gracefully (SIGTERM
@@ -18,12 +18,12 @@ lock: it acts only when the request names the config serving now and no rollback
 same arming, marks that config failed, restores the last good one and keeps the reason in
 STATE_DIR/watchdog.json. Prints one JSON object.
 
-wait: the sglang_service role runs it (ansible.builtin.script) after apply started the unit: a switch's
-wait alone, in one round trip; exit 1 with the reason where the server does not become ready.
+up: the sglang_service role's first start (or the start of a unit it finds stopped or disabled): the start
+count reset as a switch resets it, `systemctl enable --now`, then a switch's own wait, all in one round trip;
+"changed" says whether the unit was not active and enabled before; exit 1 with the reason (systemctl's own
+words where the start is refused, else why the server did not become ready).
 
-restart: the sglang_service role's restart handler: the start count reset as a switch resets it, systemctl
-restart, then wait's own wait, all in one round trip; exit 1 with the reason (systemctl's own words where the
-restart is refused).
+restart: the sglang_service role's restart handler: the same with `systemctl restart`.
 """
 
 import base64
@@ -74,7 +74,7 @@ def config_id(unit, env):
 
 def unit_state(name):
     out = sh("systemctl", "show", name, "-p", "ActiveState", "-p", "SubState", "-p", "MainPID", "-p", "NRestarts",
-             "-p", "ExecMainStatus", "-p", "ActiveEnterTimestamp").stdout  # fmt: skip
+             "-p", "ExecMainStatus", "-p", "ActiveEnterTimestamp", "-p", "UnitFileState").stdout  # fmt: skip
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -137,21 +137,30 @@ def waited(job, since_restarts):
     return 1, {"status": "failed", "reason": detail}
 
 
-def wait(job):
-    """Wait until the server apply started answers 200, with a switch's own wait: one call, to a monotonic
-    deadline, and over at once where the unit fails or systemd restarts it (it crashed while loading)."""
-    return waited(job, unit_state(job["name"]).get("NRestarts", "0"))
+def brought(job, *systemctl):
+    """Reset the start count as start() resets it, run `systemctl *systemctl NAME` (refused: systemctl's own
+    words) and wait with a switch's own wait: one call, to a monotonic deadline, over at once where the unit
+    fails or systemd restarts it (it crashed while loading). What waited_s reports is the server's start alone:
+    from systemctl's return (an old process is gone) to the first 200."""
+    since = reset_start_count(job)
+    done = sh("systemctl", *systemctl, job["name"])
+    if done.returncode != 0:
+        reason = f"systemctl {' '.join(systemctl)} failed: " + " ".join(done.stderr.split())
+        return 1, {"status": "failed", "reason": reason}
+    return waited(job, since)
+
+
+def up(job):
+    """Enable and start the unit apply found not active and enabled, and wait until it is ready."""
+    before = unit_state(job["name"])
+    was_up = before.get("ActiveState") == "active" and before.get("UnitFileState") == "enabled"
+    code, out = brought(job, "enable", "--now")
+    return code, {**out, "changed": not was_up}
 
 
 def restart(job):
-    """Restart the unit apply changed and wait until it is ready: the start count reset as start() resets it,
-    then the restart (refused: systemctl's own words), then wait's own wait. What waited_s reports is the
-    server's start alone: from the restart's return (the old process is gone) to the first 200."""
-    since = reset_start_count(job)
-    done = sh("systemctl", "restart", job["name"])
-    if done.returncode != 0:
-        return 1, {"status": "failed", "reason": "systemctl restart failed: " + " ".join(done.stderr.split())}
-    return waited(job, since)
+    """Restart the unit apply changed and wait until it is ready."""
+    return brought(job, "restart")
 
 
 def gpu_pids():
@@ -388,7 +397,7 @@ if __name__ == "__main__":
         "status": status,
         "check": check,
         "rollback": rollback,
-        "wait": wait,
+        "up": up,
         "restart": restart,
     }[verb](payload)
     print(json.dumps(out))
