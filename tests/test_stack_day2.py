@@ -7,12 +7,14 @@ have no GPU: the unit runs the SGLang stand-in (provision/sandbox/sglang_double.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -210,20 +212,44 @@ def test_apply_says_why_the_server_did_not_become_ready(host, fail: str, timeout
     assert healthy(host)
 
 
-def test_apply_says_when_systemd_refuses_the_restart(host) -> None:
-    # an admin's drop-in that makes every start fail: systemctl restart itself answers with an error
+@contextlib.contextmanager
+def every_start_refused(host: layout.SandboxHost) -> Iterator[None]:
+    """An admin's drop-in that makes every start fail, so that systemctl itself answers with an error."""
     dropin = "/etc/systemd/system/sglang-dflash.service.d"
     assert on(host, f"mkdir -p {dropin} && printf '[Service]\\nExecStartPre=/bin/false\\n' > {dropin}/zz-test.conf"
                     " && systemctl daemon-reload").returncode == 0  # fmt: skip
     try:
+        yield
+    finally:
+        assert on(host, f"rm -rf {dropin} && systemctl daemon-reload").returncode == 0
+
+
+def test_apply_says_when_systemd_refuses_the_restart(host) -> None:
+    with every_start_refused(host):
         rc, out = provision("apply", "--host", HOST, "--sandbox", "--set", "serve.env.SGLANG_STANDIN_LOAD_S=2")
         assert rc != 0, out[-3000:]
         assert "did not become ready on /health_generate: systemctl restart failed: Job for sglang-dflash" in out
-    finally:
-        assert on(host, f"rm -rf {dropin} && systemctl daemon-reload").returncode == 0
     rc, out = provision("apply", "--host", HOST, "--sandbox")
     assert rc == 0, out[-3000:]
     assert healthy(host)
+
+
+def test_a_stopped_and_disabled_service_is_enabled_started_and_waited_for(host) -> None:
+    # the service's state is part of what apply converges: stopped and disabled by hand, one apply brings it back,
+    # in one round trip (service_switch.py up); a start systemd refuses fails with systemctl's own words
+    assert on(host, "systemctl disable --now sglang-dflash").returncode == 0
+    with every_start_refused(host):
+        rc, out = provision("apply", "--host", HOST, "--sandbox")
+        assert rc != 0, out[-3000:]
+        assert "did not become ready on /health_generate: systemctl start failed: Job for sglang-dflash" in out
+    rc, out = provision("apply", "--host", HOST, "--sandbox")
+    assert rc == 0, out[-3000:]
+    assert outcomes(out, "Enable and start the service, and wait until it is ready", HOST) == ["changed"]
+    assert "sglang-dflash is ready at http://127.0.0.1:30000" in out
+    state = on(host, "systemctl is-enabled sglang-dflash; systemctl is-active sglang-dflash").stdout.decode().split()
+    assert state == ["enabled", "active"] and healthy(host)
+    rc, out = provision("apply", "--host", HOST, "--sandbox")
+    assert rc == 0 and recap(out)[HOST][1] == 0, out[-3000:]
 
 
 def test_reconfigure_switches_and_the_new_args_show(host) -> None:

@@ -19,9 +19,9 @@ same arming, marks that config failed, restores the last good one and keeps the 
 STATE_DIR/watchdog.json. Prints one JSON object.
 
 up: the sglang_service role's first start (or the start of a unit it finds stopped or disabled): the start
-count reset as a switch resets it, `systemctl enable --now`, then a switch's own wait, all in one round trip;
-"changed" says whether the unit was not active and enabled before; exit 1 with the reason (systemctl's own
-words where the start is refused, else why the server did not become ready).
+count reset as a switch resets it, `systemctl enable` and `systemctl start`, then a switch's own wait, all in
+one round trip; "changed" says whether the unit was not active and enabled before; exit 1 with the reason
+(systemctl's own words where the start is refused, else why the server did not become ready).
 
 restart: the sglang_service role's restart handler: the same with `systemctl restart`.
 """
@@ -137,24 +137,27 @@ def waited(job, since_restarts):
     return 1, {"status": "failed", "reason": detail}
 
 
-def brought(job, *systemctl):
-    """Reset the start count as start() resets it, run `systemctl *systemctl NAME` (refused: systemctl's own
-    words) and wait with a switch's own wait: one call, to a monotonic deadline, over at once where the unit
-    fails or systemd restarts it (it crashed while loading). What waited_s reports is the server's start alone:
-    from systemctl's return (an old process is gone) to the first 200."""
-    since = reset_start_count(job)
-    done = sh("systemctl", *systemctl, job["name"])
-    if done.returncode != 0:
-        reason = f"systemctl {' '.join(systemctl)} failed: " + " ".join(done.stderr.split())
-        return 1, {"status": "failed", "reason": reason}
-    return waited(job, since)
+def brought(job, *commands):
+    """Reset the start count as start() resets it, run each `systemctl COMMAND NAME` in turn (the first refused:
+    systemctl's own words, which a combined `enable --now` would bury under its symlink lines) and wait with a
+    switch's own wait: one call, to a monotonic deadline, over at once where the unit fails or systemd restarts it
+    (it crashed while loading). What waited_s reports is the server's start alone: from systemctl's return (an
+    old process is gone) to the first 200."""
+    reset_start_count(job)
+    for command in commands:
+        done = sh("systemctl", command, job["name"])
+        if done.returncode != 0:
+            return 1, {"status": "failed", "reason": f"systemctl {command} failed: " + " ".join(done.stderr.split())}
+    # NRestarts read after systemctl's return: a start that cuts short a pending automatic restart (a unit left in
+    # auto-restart by a failed start) counts as one; a crash while loading restarts only RestartSec= later
+    return waited(job, unit_state(job["name"]).get("NRestarts", "0"))
 
 
 def up(job):
     """Enable and start the unit apply found not active and enabled, and wait until it is ready."""
     before = unit_state(job["name"])
     was_up = before.get("ActiveState") == "active" and before.get("UnitFileState") == "enabled"
-    code, out = brought(job, "enable", "--now")
+    code, out = brought(job, "enable", "start")
     return code, {**out, "changed": not was_up}
 
 
