@@ -238,6 +238,12 @@ def test_a_stopped_and_disabled_service_is_enabled_started_and_waited_for(host) 
     # the service's state is part of what apply converges: stopped and disabled by hand, one apply brings it back,
     # in one round trip (service_switch.py up); a start systemd refuses fails with systemctl's own words
     assert on(host, "systemctl disable --now sglang-dflash").returncode == 0
+    # a dry run shows the start and leaves the service as it is
+    rc, out = provision("apply", "--host", HOST, "--sandbox", "--check")
+    assert rc == 0, out[-3000:]
+    assert outcomes(out, "Enable and start the service", HOST) == ["changed"]
+    state = on(host, "systemctl is-enabled sglang-dflash; systemctl is-active sglang-dflash").stdout.decode().split()
+    assert state == ["disabled", "inactive"]
     with every_start_refused(host):
         rc, out = provision("apply", "--host", HOST, "--sandbox")
         assert rc != 0, out[-3000:]
