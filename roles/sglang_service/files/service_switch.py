@@ -148,9 +148,7 @@ def brought(job, *commands):
         done = sh("systemctl", command, job["name"])
         if done.returncode != 0:
             return 1, {"status": "failed", "reason": f"systemctl {command} failed: " + " ".join(done.stderr.split())}
-    # NRestarts read after systemctl's return: a start that cuts short a pending automatic restart (a unit left in
-    # auto-restart by a failed start) counts as one; a crash while loading restarts only RestartSec= later
-    return waited(job, unit_state(job["name"]).get("NRestarts", "0"))
+    return waited(job, restart_count(job))
 
 
 def up(job):
@@ -235,17 +233,23 @@ def watchdog_record(job):
 
 def reset_start_count(job):
     """StartLimitBurst= counts every start in its interval, deliberate ones too: the start count is reset before
-    a deliberate start (reset-failed, which also zeroes NRestarts, hence read after it), so that switches and
-    applies never run into the limit that bounds crash loops. Returns NRestarts, which wait_ready compares."""
+    a deliberate start (reset-failed), so that switches and applies never run into the limit that bounds crash
+    loops."""
     sh("systemctl", "reset-failed", job["name"])
+
+
+def restart_count(job):
+    """NRestarts once a deliberate start's systemctl has returned, which wait_ready compares. Read after it, not
+    before: a start that cuts short a pending automatic restart (a unit left in auto-restart by a failed start)
+    counts as one, while a crash while loading restarts only RestartSec= later."""
     return unit_state(job["name"]).get("NRestarts", "0")
 
 
 def start(job):
-    """Start the unit for a deliberate switch: its NRestarts before the start, which wait_ready compares."""
-    restarts = reset_start_count(job)
+    """Start the unit for a deliberate switch: its NRestarts after the start, which wait_ready compares."""
+    reset_start_count(job)
     sh("systemctl", "start", job["name"])
-    return restarts
+    return restart_count(job)
 
 
 def restore(job, key, last_good):
