@@ -87,6 +87,21 @@ print(json.dumps(found))
 """
 
 
+# Which of the sources named on stdin (relative to the venv) compile after all.
+COMPILES = """
+import json, os, sys
+compiled = []
+for rel in json.load(sys.stdin):
+    path = os.path.join(sys.prefix, rel)
+    try:
+        compile(open(path, "rb").read(), path, "exec")
+    except (SyntaxError, ValueError):
+        continue
+    compiled.append(rel)
+print(json.dumps(compiled))
+"""
+
+
 def statuses(out: str, task: str) -> dict[str, str]:
     """Each host's status for one task, as `provision apply` prints it."""
     lines = out.splitlines()
@@ -100,25 +115,53 @@ def statuses(out: str, task: str) -> dict[str, str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory) -> Iterator[tuple[str, dict[str, layout.SandboxHost]]]:
-    """Two fresh b300 hosts applied together, with a control-node wheelhouse that holds the wheels (linked from the
-    usual one where it has them) but no bytecode: the apply's output and the hosts."""
+def wheelhouse(tmp_path_factory) -> Path:
+    """A control-node wheelhouse that holds the wheels (linked from the usual one where it has them) but no
+    bytecode."""
     wheels = tmp_path_factory.mktemp("wheelhouse")
     usual = Path.home() / ".cache" / "dflash-provision" / "wheels"
     for tar in usual.glob("*.tar") if usual.is_dir() else ():
         if not tar.name.endswith(".bytecode.tar"):
             os.link(tar, wheels / tar.name)
-    assert main(["sandbox", "down"]) == 0
-    assert main(["sandbox", "up", "--hosts", "b300:2"]) == 0
-    proc = subprocess.run(
+    return wheels
+
+
+def apply(tmp_path_factory, wheels: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "provision", "apply", "--host", "b300", "--sandbox", "--state-dir",
          str(tmp_path_factory.mktemp("runs")), "-e", f"python_env_wheelhouse={wheels}"],
         cwd=ROOT, capture_output=True, text=True, timeout=3000,
         env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"},  # a task name a line
     )  # fmt: skip
+
+
+def two_fresh_hosts() -> dict[str, layout.SandboxHost]:
+    assert main(["sandbox", "down"]) == 0
+    assert main(["sandbox", "up", "--hosts", "b300:2"]) == 0
+    return {h.name: h for h in layout.load_hosts()}
+
+
+def only_uncompilable_left(host: layout.SandboxHost, missing: list[str]) -> None:
+    """What is left without bytecode is only what the venv's Python cannot compile (torch ships a 3.12-only file)."""
+    proc = on(host, f"{VENV}/bin/python -c {shlex.quote(COMPILES)}", json.dumps(missing).encode())
+    assert proc.returncode == 0 and json.loads(proc.stdout) == [], proc.stdout + proc.stderr
+
+
+def venv_bytecode(host: layout.SandboxHost) -> dict:
+    proc = on(host, f"{VENV}/bin/python -c {shlex.quote(READ)}")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Iterator[tuple[str, dict[str, layout.SandboxHost]]]:
+    """Two fresh b300 hosts applied together, with no bytecode on the control node: the apply's output and the
+    hosts."""
+    wheels = wheelhouse(tmp_path_factory)
+    hosts = two_fresh_hosts()
+    proc = apply(tmp_path_factory, wheels)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    yield proc.stdout, {h.name: h for h in layout.load_hosts()}
+    yield proc.stdout, hosts
     main(["sandbox", "down"])
 
 
@@ -137,12 +180,7 @@ def test_one_host_compiles_each_set_and_the_other_unpacks_it(pair, name: str) ->
 @sandbox_marks
 def test_both_hosts_hold_the_same_complete_bytecode_and_python_uses_it(pair) -> None:
     out, hosts = pair
-    found = {}
-    for name, host in hosts.items():
-        proc = on(host, f"{VENV}/bin/python -c {shlex.quote(READ)}")
-        assert proc.returncode == 0, proc.stderr
-        found[name] = json.loads(proc.stdout)
-    first, second = found.values()
+    first, second = (venv_bytecode(host) for host in hosts.values())
     # torch, Triton, FlashInfer, SGLang and their dependencies: thousands of modules, byte for byte the same
     assert len(first["checked"]) > 1000
     assert first["checked"] == second["checked"]
@@ -150,6 +188,7 @@ def test_both_hosts_hold_the_same_complete_bytecode_and_python_uses_it(pair) -> 
     assert all("/pip/" in rel or "/setuptools/" in rel or "_distutils_hack" in rel for rel in first["other"])
     # what has no bytecode is what does not compile, the same on both
     assert first["missing"] == second["missing"]
+    only_uncompilable_left(next(iter(hosts.values())), first["missing"])
     # the host that unpacked loads from that bytecode: python -v names pycs, no source of the sets
     unpacker = next(h for h, s in statuses(out, "Unpack the bytecode compiled once for the play, of torch-triton")
                     .items() if s == "changed")  # fmt: skip
@@ -157,3 +196,48 @@ def test_both_hosts_hold_the_same_complete_bytecode_and_python_uses_it(pair) -> 
     loaded = [line for line in proc.stdout.decode().splitlines() if line.startswith("# code object from")]
     assert any("/triton/__pycache__/" in line for line in loaded), loaded[:5]
     assert not [line for line in loaded if line.endswith(".py'") and "site-packages" in line], loaded
+
+
+# The host Python's sitecustomize (Debian's, under /etc) gains an exit for a `python -c` in the service venv that a
+# shell started: the install's compile_missing.py (ensurepip's `python -c` is started by Python). The original is
+# kept in /root to put back. Prints the file changed.
+BREAK_COMPILE = (
+    "f=$(readlink -f \"$(python3 -c 'import sitecustomize; print(sitecustomize.__file__)')\")"
+    ' && cp "$f" /root/sitecustomize.orig'
+    " && printf '%s\\n' 'import os, sys'"
+    f' \'if sys.prefix == "{VENV}" and sys.argv == ["-c"]'
+    ' and open("/proc/%d/comm" % os.getppid()).read().strip() == "bash":\' \'    os._exit(3)\''
+    ' >> "$f" && echo "$f"'
+)
+
+
+@sandbox_marks
+def test_where_the_compiling_host_fails_the_other_compiles_everything_itself(tmp_path_factory) -> None:
+    """The first host fails to compile after the play chose it to (its Python's sitecustomize ends the venv's
+    `python -c`, which runs only compile_missing.py there): the other host finds no bytecode on the control node
+    and compiles all of it itself, and its apply goes on to the end. Once the failure is gone, the next apply
+    completes the first host: pip finds the set installed already, and the missing bytecode is still compiled."""
+    wheels = wheelhouse(tmp_path_factory)
+    hosts = two_fresh_hosts()
+    first, second = sorted(hosts)  # play order: the inventory's
+    refuse = on(hosts[first], BREAK_COMPILE)
+    assert refuse.returncode == 0, refuse.stderr
+    sitecustomize = refuse.stdout.decode().strip()
+    proc = apply(tmp_path_factory, wheels)
+    out = proc.stdout
+    assert proc.returncode != 0, out[-3000:]
+    assert statuses(out, "Install into the venv torch-triton")[first] == "failed", out[-3000:]
+    assert statuses(out, "Unpack the bytecode compiled once for the play, of torch-triton") == {second: "skipped"}
+    compiled = "Compile what is still without bytecode, and record what was installed, of torch-triton"
+    assert statuses(out, compiled) == {second: "changed"}
+    assert not list(wheels.glob("*.bytecode.tar*")), "nothing was fetched from the failed host"
+    found = venv_bytecode(hosts[second])
+    assert len(found["checked"]) > 1000
+    only_uncompilable_left(hosts[second], found["missing"])
+    assert on(hosts[second], "systemctl is-active sglang-dflash").stdout.strip() == b"active"
+
+    assert on(hosts[first], f"cp /root/sitecustomize.orig {shlex.quote(sitecustomize)}").returncode == 0
+    again = apply(tmp_path_factory, wheels)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert venv_bytecode(hosts[first])["missing"] == found["missing"]
+    main(["sandbox", "down"])
