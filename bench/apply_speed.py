@@ -8,9 +8,11 @@
                            the server's own start (restart to ready), as the role's readiness wait reports it
   fleet 3 / fleet 1      : applying to 3 fresh b300 hosts vs 1 fresh one, each with cold control-side
                            caches (the wheels are downloaded and the FlashInfer modules built once per
-                           run, for the whole fleet)
+                           run, for the whole fleet); --fleet-rounds N alternates the two N times and
+                           prints each round and the medians (one pair varies by a third between runs here)
 
-Usage: .venv/bin/python bench/apply_speed.py [--repeat N] [--skip-warm] [--noop-only] [--mitogen] [--profile DIR]
+Usage: .venv/bin/python bench/apply_speed.py [--repeat N] [--fleet-rounds N] [--skip-warm] [--noop-only]
+                                             [--mitogen] [--profile DIR]
 
 --noop-only measures the no-op re-apply alone, on the b300 sandbox host: it keeps one already up, applies
 once to settle it (a full apply on a fresh host) and leaves it up, so a before/after comparison of a role
@@ -114,6 +116,12 @@ def fresh(hosts: str) -> None:
     timed(PROVISION, "sandbox", "up", "--hosts", hosts)
 
 
+def busy_cpu_s() -> float:
+    """The machine's busy CPU seconds so far (all cores: the hosts, the control node, the apt proxy)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
 def apply_cold(state: Path, target: str) -> float:
     """A first apply with empty control-side caches: every wheel downloaded, every FlashInfer module built."""
     with tempfile.TemporaryDirectory(prefix="control-cache-") as cache:
@@ -135,6 +143,7 @@ def mitogen_env() -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--fleet-rounds", type=int, default=1, help="fleet of 1 and of 3, alternated N times")
     parser.add_argument("--skip-warm", action="store_true", help="the apt proxy's cache is warm already")
     parser.add_argument("--noop-only", action="store_true", help="only the no-op re-apply; leaves the host up")
     parser.add_argument("--mitogen", action="store_true", help="the applies under mitogen's strategy (not the floor)")
@@ -151,11 +160,14 @@ def main() -> None:
     elif not args.skip_warm:
         fresh("b300:1")
         apply_cold(state, "b300")  # warm the apt proxy's cache so both fleet runs see the same mirror
-    fleet = {}
-    for count in () if args.noop_only else (1, 3):
-        fresh(f"b300:{count}")
-        fleet[count] = apply_cold(state, "b300")
-        print(f"fleet of {count}: first apply {fleet[count]:.1f} s", flush=True)
+    fleet: dict[int, list[float]] = {1: [], 3: []}
+    for round_ in range(0 if args.noop_only else args.fleet_rounds):
+        for count in (1, 3):
+            fresh(f"b300:{count}")
+            cpu = busy_cpu_s()
+            fleet[count].append(apply_cold(state, "b300"))
+            print(f"round {round_ + 1}, fleet of {count}: first apply {fleet[count][-1]:.1f} s,"
+                  f" the machine's busy CPU {busy_cpu_s() - cpu:.0f} s", flush=True)  # fmt: skip
 
     noop, plain, floor = [], [], []
     drifted: dict[str, list[float]] = {path: [] for path in DRIFTS}
@@ -196,8 +208,11 @@ def main() -> None:
             w = statistics.median(server_start[path])
             print(f"  of which the server's own start (restart to ready) {w:.2f} s; apply's share {own:.2f} s:"
                   f" ratio {own / f:.2f}")  # fmt: skip
-    if fleet:
-        print(f"fleet 3 vs 1: {fleet[3]:.1f} s vs {fleet[1]:.1f} s: ratio {fleet[3] / fleet[1]:.2f} (aim <= 1.4)")
+    if fleet[1]:
+        one, three = statistics.median(fleet[1]), statistics.median(fleet[3])
+        rounds = ", ".join(f"{b / a:.2f}" for a, b in zip(fleet[1], fleet[3], strict=True))
+        print(f"fleet 3 vs 1 (medians of {len(fleet[1])}): {three:.1f} s vs {one:.1f} s: ratio {three / one:.2f}"
+              f" (aim <= 1.4); each round's ratio {rounds}")  # fmt: skip
 
 
 if __name__ == "__main__":
