@@ -4,6 +4,7 @@ tasks/install_set.yml). Needs what test_sandbox.py needs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -135,10 +136,16 @@ def apply(tmp_path_factory, wheels: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def two_fresh_hosts() -> dict[str, layout.SandboxHost]:
+@contextlib.contextmanager
+def two_fresh_hosts() -> Iterator[dict[str, layout.SandboxHost]]:
+    """Two fresh b300 hosts, taken down afterwards whatever happened (a failed assert leaves none behind for the
+    modules after this one)."""
     assert main(["sandbox", "down"]) == 0
-    assert main(["sandbox", "up", "--hosts", "b300:2"]) == 0
-    return {h.name: h for h in layout.load_hosts()}
+    try:
+        assert main(["sandbox", "up", "--hosts", "b300:2"]) == 0
+        yield {h.name: h for h in layout.load_hosts()}
+    finally:
+        main(["sandbox", "down"])
 
 
 def only_uncompilable_left(host: layout.SandboxHost, missing: list[str]) -> None:
@@ -158,11 +165,10 @@ def pair(tmp_path_factory) -> Iterator[tuple[str, dict[str, layout.SandboxHost]]
     """Two fresh b300 hosts applied together, with no bytecode on the control node: the apply's output and the
     hosts."""
     wheels = wheelhouse(tmp_path_factory)
-    hosts = two_fresh_hosts()
-    proc = apply(tmp_path_factory, wheels)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    yield proc.stdout, hosts
-    main(["sandbox", "down"])
+    with two_fresh_hosts() as hosts:
+        proc = apply(tmp_path_factory, wheels)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        yield proc.stdout, hosts
 
 
 @sandbox_marks
@@ -218,26 +224,25 @@ def test_where_the_compiling_host_fails_the_other_compiles_everything_itself(tmp
     and compiles all of it itself, and its apply goes on to the end. Once the failure is gone, the next apply
     completes the first host: pip finds the set installed already, and the missing bytecode is still compiled."""
     wheels = wheelhouse(tmp_path_factory)
-    hosts = two_fresh_hosts()
-    first, second = sorted(hosts)  # play order: the inventory's
-    refuse = on(hosts[first], BREAK_COMPILE)
-    assert refuse.returncode == 0, refuse.stderr
-    sitecustomize = refuse.stdout.decode().strip()
-    proc = apply(tmp_path_factory, wheels)
-    out = proc.stdout
-    assert proc.returncode != 0, out[-3000:]
-    assert statuses(out, "Install into the venv torch-triton")[first] == "failed", out[-3000:]
-    assert statuses(out, "Unpack the bytecode compiled once for the play, of torch-triton") == {second: "skipped"}
-    compiled = "Compile what is still without bytecode, and record what was installed, of torch-triton"
-    assert statuses(out, compiled) == {second: "changed"}
-    assert not list(wheels.glob("*.bytecode.tar*")), "nothing was fetched from the failed host"
-    found = venv_bytecode(hosts[second])
-    assert len(found["checked"]) > 1000
-    only_uncompilable_left(hosts[second], found["missing"])
-    assert on(hosts[second], "systemctl is-active sglang-dflash").stdout.strip() == b"active"
+    with two_fresh_hosts() as hosts:
+        first, second = sorted(hosts)  # play order: the inventory's
+        refuse = on(hosts[first], BREAK_COMPILE)
+        assert refuse.returncode == 0, refuse.stderr
+        sitecustomize = refuse.stdout.decode().strip()
+        proc = apply(tmp_path_factory, wheels)
+        out = proc.stdout
+        assert proc.returncode != 0, out[-3000:]
+        assert statuses(out, "Install into the venv torch-triton")[first] == "failed", out[-3000:]
+        assert statuses(out, "Unpack the bytecode compiled once for the play, of torch-triton") == {second: "skipped"}
+        compiled = "Compile what is still without bytecode, and record what was installed, of torch-triton"
+        assert statuses(out, compiled) == {second: "changed"}
+        assert not list(wheels.glob("*.bytecode.tar*")), "nothing was fetched from the failed host"
+        found = venv_bytecode(hosts[second])
+        assert len(found["checked"]) > 1000
+        only_uncompilable_left(hosts[second], found["missing"])
+        assert on(hosts[second], "systemctl is-active sglang-dflash").stdout.strip() == b"active"
 
-    assert on(hosts[first], f"cp /root/sitecustomize.orig {shlex.quote(sitecustomize)}").returncode == 0
-    again = apply(tmp_path_factory, wheels)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert venv_bytecode(hosts[first])["missing"] == found["missing"]
-    main(["sandbox", "down"])
+        assert on(hosts[first], f"cp /root/sitecustomize.orig {shlex.quote(sitecustomize)}").returncode == 0
+        again = apply(tmp_path_factory, wheels)
+        assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+        assert venv_bytecode(hosts[first])["missing"] == found["missing"]
