@@ -186,3 +186,38 @@ def test_the_tag_selection_is_ansibles_own() -> None:
     assert selected(roles, ["plan", "cuda"], ["service"]) == ["cuda"]
     assert selected(roles, ["tagged"], ["cuda"]) == ["driver", "service"]
     assert selected(roles, ["all"], ["all"]) == []
+
+
+# the roles that end at once on the play's answer (`__<role>_todo`, vars/main.yml)
+LOOKING_ROLES = sorted(p.parts[-3] for p in (ROOT / "roles").glob("*/vars/main.yml") if "_todo:" in p.read_text())
+
+
+def test_a_roles_cheap_check_templates_its_own_comparison_only_where_it_is_used(tmp_path: Path) -> None:
+    """Ansible templates every variable a template names, in the branch not taken too: `__<role>_todo` reads the
+    play's answer where the play's look gave one, and templates the role's own comparison (`__<role>_differs`,
+    up to 0.1 s) only where not (a role run alone, or one that looked again). Here the comparison leaves a mark
+    each time it is templated."""
+    plays = []
+    for role in LOOKING_ROLES:
+        mark = f"{{{{ lookup('ansible.builtin.pipe', 'echo x >> {tmp_path}/' ~ todo_mark) }}}}"
+        answered = {"dflash_look_differs": {role: []}, f"__{role}_differs": mark, "todo_mark": f"{role}-answered"}
+        task = {"ansible.builtin.debug": {"msg": f"{{{{ __{role}_todo }}}}"}}
+        plays.append({
+            "name": role, "hosts": "localhost", "connection": "local", "gather_facts": False,
+            "vars_files": [str(ROOT / "roles" / role / "vars" / "main.yml")],
+            "tasks": [
+                {**task, "name": "the play's answer", "vars": answered},
+                {**task, "name": "no answer for the role",
+                 "vars": {"dflash_look_differs": {}, f"__{role}_differs": mark, "todo_mark": f"{role}-own"}},
+                {**task, "name": "run alone", "vars": {f"__{role}_differs": mark, "todo_mark": f"{role}-alone"}},
+            ],
+        })  # fmt: skip
+    playbook = tmp_path / "todo.yml"
+    playbook.write_text(json.dumps(plays))
+    proc = ansible_playbook("-i", "localhost,", str(playbook))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    assert LOOKING_ROLES, "no role ends on the play's answer"
+    for role in LOOKING_ROLES:
+        assert not (tmp_path / f"{role}-answered").exists(), f"{role}: the comparison templated beside the answer"
+        assert (tmp_path / f"{role}-own").read_text() == "x\n", role
+        assert (tmp_path / f"{role}-alone").read_text() == "x\n", role
