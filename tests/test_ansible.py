@@ -200,17 +200,14 @@ def test_a_roles_cheap_check_templates_its_own_comparison_only_where_it_is_used(
     plays = []
     for role in LOOKING_ROLES:
         mark = f"{{{{ lookup('ansible.builtin.pipe', 'echo x >> {tmp_path}/' ~ todo_mark) }}}}"
-        answered = {"dflash_look_differs": {role: []}, f"__{role}_differs": mark, "todo_mark": f"{role}-answered"}
-        task = {"ansible.builtin.debug": {"msg": f"{{{{ __{role}_todo }}}}"}}
+        # the play's answer for the role; the play's answer without it (the role looked again); none (run alone)
+        looks = {"answered": {"dflash_look_differs": {role: []}}, "own": {"dflash_look_differs": {}}, "alone": {}}
         plays.append({
             "name": role, "hosts": "localhost", "connection": "local", "gather_facts": False,
             "vars_files": [str(ROOT / "roles" / role / "vars" / "main.yml")],
-            "tasks": [
-                {**task, "name": "the play's answer", "vars": answered},
-                {**task, "name": "no answer for the role",
-                 "vars": {"dflash_look_differs": {}, f"__{role}_differs": mark, "todo_mark": f"{role}-own"}},
-                {**task, "name": "run alone", "vars": {f"__{role}_differs": mark, "todo_mark": f"{role}-alone"}},
-            ],
+            "tasks": [{"name": look, "ansible.builtin.debug": {"msg": f"{{{{ __{role}_todo }}}}"},
+                       "vars": {**given, f"__{role}_differs": mark, "todo_mark": f"{role}-{look}"}}
+                      for look, given in looks.items()],
         })  # fmt: skip
     playbook = tmp_path / "todo.yml"
     playbook.write_text(json.dumps(plays))
