@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from provision.ansible.handoff import APPLY_PLANS_ENV
 from tests.conftest import ROOT
 
 BIN = Path(sys.executable).parent
@@ -21,7 +22,9 @@ ENV = {
 }
 
 
-def ansible_playbook(*args: str, callback: str = "default") -> subprocess.CompletedProcess[str]:
+def ansible_playbook(
+    *args: str, callback: str = "default", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "ansible-playbook"), *args],
         cwd=ROOT,
@@ -30,6 +33,7 @@ def ansible_playbook(*args: str, callback: str = "default") -> subprocess.Comple
             "ANSIBLE_STDOUT_CALLBACK": callback,
             "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
             "ANSIBLE_NOCOLOR": "1",
+            **(env or {}),
         },
         capture_output=True,
         text=True,
@@ -126,6 +130,64 @@ def test_apply_passes_set_and_fails_with_the_playbook(inventory: Path, tmp_path:
     assert rc != 0
     assert "dflash_set: must be a mapping" in out
     assert "b300-test : ok=1 changed=0 unreachable=0 failed=1" in out
+
+
+def test_the_play_takes_the_plans_apply_validated_from_the_environment_only(
+    inventory: Path, tmp_path: Path, plan_json
+) -> None:
+    """The play takes a host's plan from the directory the control node's environment names (apply's run record),
+    as it is: a plan no inventory resolves to is what the play shows. Empty or unset, the play resolves itself; a
+    host that directory has no plan for, or a file that is not that host's plan, is refused by name."""
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    handed = plan_json("--host", "b300-test", "--inventory", str(inventory))
+    handed["argv"] = [*handed["argv"], "--handed-over"]
+    (plans / "b300-test.json").write_text(json.dumps(handed))
+    playbook = ("-i", str(inventory), "playbooks/site.yml", "--tags", "plan")
+
+    proc = ansible_playbook(*playbook, "--limit", "b300-test", callback="minimal", env={APPLY_PLANS_ENV: str(plans)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert facts_from_minimal(proc.stdout) == {"b300-test": handed}
+    assert "1 plan(s) as provision apply checked them" in proc.stdout
+
+    proc = ansible_playbook(*playbook, "--limit", "b300-test", callback="minimal", env={APPLY_PLANS_ENV: ""})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "--handed-over" not in facts_from_minimal(proc.stdout)["b300-test"]["argv"]
+    assert "1 plan(s) agree across hosts" in proc.stdout
+
+    proc = ansible_playbook(*playbook, "--limit", "rtx-test", env={APPLY_PLANS_ENV: str(plans)})
+    assert proc.returncode != 0
+    assert f"provision apply planned no host 'rtx-test' for this run (no {plans / 'rtx-test.json'})" in proc.stdout
+
+    (plans / "rtx-test.json").write_text(json.dumps(handed))  # b300-test's plan under rtx-test's name
+    proc = ansible_playbook(*playbook, "--limit", "rtx-test", env={APPLY_PLANS_ENV: str(plans)})
+    assert proc.returncode != 0
+    assert f"{plans / 'rtx-test.json'} is not the plan provision apply recorded for 'rtx-test'" in proc.stdout
+
+
+def test_apply_hands_over_its_plans_unless_extra_vars_reach_the_play(inventory: Path, tmp_path: Path, run) -> None:
+    """Without -e the play takes the plans apply validated and recorded (the rules across hosts checked by apply);
+    an extra var could change what the play resolves, unseen by apply's own resolution, so with one the play
+    resolves every plan itself, whatever the environment apply was started in says."""
+
+    def fleet_message(state: Path) -> str:
+        (run_dir,) = state.iterdir()
+        return next(
+            event["event_data"]["res"]["msg"]
+            for path in run_dir.glob("artifacts/*/job_events/*.json")
+            if (event := json.loads(path.read_text())).get("event") == "runner_on_ok"
+            and event["event_data"].get("task_action") == "dflash.provision.fleet"
+        )
+
+    target = ("apply", "--host", "all", "--inventory", str(inventory), "--tags", "plan")
+    rc, out, _ = run(*target, "--state-dir", str(tmp_path / "a"))
+    assert rc == 0, out
+    assert fleet_message(tmp_path / "a") == "2 plan(s) as provision apply checked them"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(APPLY_PLANS_ENV, str(tmp_path / "a"))  # never passed on when the play must resolve itself
+        rc, out, _ = run(*target, "--state-dir", str(tmp_path / "b"), "-e", "unrelated=1")
+    assert rc == 0, out
+    assert fleet_message(tmp_path / "b") == "2 plan(s) agree across hosts"
 
 
 def test_apply_picks_the_host_types_playbook(inventory: Path, tmp_path: Path, run) -> None:

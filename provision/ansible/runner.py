@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.text import Text
 
 from provision import paths
+from provision.ansible.handoff import APPLY_PLANS_ENV, CLI_SET_VAR
 from provision.errors import one_line
 from provision.files import file_name, write_atomic
-from provision.planning.resolve import CLI_SET_VAR
 from provision.planning.types import Plan
 
 DEBUG_ACTIONS = ("debug", "ansible.builtin.debug")
@@ -78,8 +78,9 @@ class Progress:
 
 def record_plans(plans: list[Plan], run_dir: Path, resolved: dict[str, dict[str, Any]] | None = None) -> None:
     """What was decided for each host, next to ansible-runner's artifacts of the same run: plans/HOST.json (the host
-    name made a safe file name, files.file_name), the CLI's plan before the run, then the one the play resolved
-    last for the host (rendered for its own systemd), which the roles applied."""
+    name made a safe file name, files.file_name), the CLI's plan before the run (the play takes it from there:
+    provision.ansible.handoff), then the one the play resolved last for the host (rendered for its own systemd),
+    which the roles applied."""
     plan_dir = run_dir / "plans"
     plan_dir.mkdir(parents=True, exist_ok=True)
     for plan in plans:
@@ -88,15 +89,17 @@ def record_plans(plans: list[Plan], run_dir: Path, resolved: dict[str, dict[str,
         write_atomic(plan_dir / f"{file_name(plan.host)}.json", text + "\n")
 
 
-def runner_env() -> dict[str, str]:
+def runner_env(plans_dir: Path | None = None) -> dict[str, str]:
     """The environment ansible-playbook runs in under ansible-runner: the shipped ansible.cfg, this environment's
-    ansible-playbook first, and the host key check as Ansible resolves it for that configuration (ansible-runner
-    turns the check off where the environment does not name it)."""
+    ansible-playbook first, the host key check as Ansible resolves it for that configuration (ansible-runner
+    turns the check off where the environment does not name it), and where the plans apply validated are (else
+    empty, whatever this environment says: the play resolves them itself)."""
     return {
         "ANSIBLE_CONFIG": str(paths.ansible_config()),
         # this environment's ansible-playbook first, whatever PATH says
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "ANSIBLE_HOST_KEY_CHECKING": str(bool(C.HOST_KEY_CHECKING)),
+        APPLY_PLANS_ENV: str(plans_dir.resolve()) if plans_dir else "",
     }
 
 
@@ -132,7 +135,8 @@ def run_playbook(
         inventory=str(inventory.resolve()),
         extravars={**extravars, CLI_SET_VAR: cli_set},
         cmdline=shlex.join(cmdline),
-        envvars=runner_env(),
+        # the play takes the plans recorded above, unless extra vars reach it that the CLI's resolution did not see
+        envvars=runner_env(None if extravars else run_dir / "plans"),
         event_handler=progress,
         quiet=True,
     )

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from provision import paths
+from provision.ansible.handoff import CLI_SET_VAR
 from provision.ansible.origin import origin_of, origin_path
 from provision.errors import InputError
 from provision.model import overrides
@@ -25,9 +26,6 @@ from provision.planning.types import Plan
 PREFIX = "dflash_"
 SECTIONS = tuple(Deployment.model_fields)
 SET_VAR = "dflash_set"
-# `provision apply --set` reaches the playbook under its own name, so that it is applied after a
-# host's dflash_set (extra vars would otherwise replace that variable whole).
-CLI_SET_VAR = "dflash_cli_set"
 # Variables the tool sets itself (the playbooks, `provision apply`, the plan fact): an inventory that
 # sets one would be read by ansible-playbook and not by `provision plan`, so it is refused.
 # The play's look at the host (dflash_host_checks, dflash_host_probe, dflash_probe_stale) is among them: an

@@ -1,4 +1,5 @@
-"""Controller-side: resolve the host's deployment with provision's models (no connection to the host)."""
+"""Controller-side: resolve the host's deployment with provision's models (no connection to the host), or, in a
+run `provision apply` started, take the plan apply validated and recorded for the host (provision.ansible.handoff)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 
 from provision import paths
+from provision.ansible.handoff import CLI_SET_VAR, HandoffError, apply_plan, apply_plans_dir
 from provision.errors import InputError
-from provision.planning.resolve import CLI_SET_VAR, resolve_host
+
+# Ansible loads this plugin in its main process, which forks a worker per task. Outside apply, every host resolves
+# here: the models load once, before the forks, rather than in each worker. Apply's runs need them only for a host
+# whose unit is rendered again for its own systemd (pydantic's import: about 0.15 s).
+if apply_plans_dir() is None:
+    import provision.planning.resolve  # noqa: F401
 
 
 class ActionModule(ActionBase):
@@ -26,18 +33,28 @@ class ActionModule(ActionBase):
         if reported is not None and "service.systemd_version" not in cli_set:
             cli_set["service.systemd_version"] = int(reported)
         try:
-            plan = resolve_host(
-                host,
-                task_vars,
-                self._templar.template,
-                fallback=f"inventory (host {host})",
-                cli_set=cli_set,
-                inventory_dir=str(task_vars.get("inventory_dir") or ""),
-            )
-        except InputError as err:
+            given = apply_plan(host)
+        except HandoffError as err:
             return {**result, "failed": True, "msg": str(err)}
+        # apply's plan stands unless the play asks for the unit of another systemd than apply rendered it for
+        wanted = cli_set.get("service.systemd_version")
+        if given is None or (wanted is not None and wanted != given["systemd"]["version"]):
+            from provision.planning.resolve import resolve_host
+
+            try:
+                plan = resolve_host(
+                    host,
+                    task_vars,
+                    self._templar.template,
+                    fallback=f"inventory (host {host})",
+                    cli_set=cli_set,
+                    inventory_dir=str(task_vars.get("inventory_dir") or ""),
+                )
+            except InputError as err:
+                return {**result, "failed": True, "msg": str(err)}
+            given = plan.model_dump(mode="json")
         facts = {
-            "dflash_plan": plan.model_dump(mode="json"),
+            "dflash_plan": given,
             # where this control node keeps the SGLang stand-in, which hosts without GPUs run
             "dflash_standin_src": str(paths.standin()),
         }

@@ -8,6 +8,10 @@ description:
     pydantic models of the C(provision) package and sets the C(dflash_plan) fact, exactly what
     C(provision plan --host HOST --json) prints.
   - Runs on the control node and never connects to the host.
+  - In a run C(provision apply) started, the host's plan is the one apply validated and recorded before the run
+    (the run record's C(plans/HOST.json), named by the control node's C(DFLASH_APPLY_PLANS), which no inventory or
+    variable can set), taken as it is unless the unit is rendered for another systemd than apply rendered it for.
+    Apply names it only where no C(-e) reaches the play (an extra variable could change what the play resolves).
 options:
   systemd_version:
     description:
