@@ -20,7 +20,9 @@ change can run on the same host (`provision sandbox down` when done).
 
 --profile DIR writes where a no-op's and a drifted re-apply's seconds go, per task, as ansible.posix's
 profile_tasks callback prints them (DIR/noop-profile.txt, DIR/drift-profile.txt); ansible.posix comes from
-the `ansible` package's wheel (pip download, once, into ~/.cache/dflash-provision).
+the `ansible` package's wheel (pip download, once, into ~/.cache/dflash-provision). It also counts the round
+trips to the host per task (every ssh or sftp process Ansible starts, as -vvv logs it) of the floor, a no-op
+and each drift's re-apply (DIR/round-trips.txt) and prints their totals.
 
 --mitogen runs the applies (not the floor) under mitogen's strategy (`pip install mitogen` first): a
 measured try, not the shipped configuration. PROVISION_SANDBOX_ID picks the sandbox, as for `provision sandbox`.
@@ -111,6 +113,23 @@ def profiled(out: Path, *cmd: str) -> None:
     out.write_text(proc.stdout + proc.stderr)
 
 
+# -vvv logs every ssh and sftp process the connection starts ("SSH: EXEC ssh ..." / "SSH: EXEC sftp ..."):
+# one round trip each, over the connection's shared master
+HEADER = re.compile(r"^(?:TASK|RUNNING HANDLER) \[(.*)\]")
+SSH_EXEC = re.compile(r"^<[^>]+> SSH: EXEC ")
+
+
+def round_trips(*cmd: str) -> list[tuple[str, int]]:
+    """The round trips to the host of each task that made any, in order, from one run with -vvv."""
+    counts: list[tuple[str, int]] = []
+    for line in run_timed(*cmd, "-vvv")[1].splitlines():
+        if header := HEADER.match(line):
+            counts.append((header.group(1), 0))
+        elif SSH_EXEC.match(line) and counts:
+            counts[-1] = (counts[-1][0], counts[-1][1] + 1)
+    return [(task, n) for task, n in counts if n]
+
+
 def fresh(hosts: str) -> None:
     timed(PROVISION, "sandbox", "down")
     timed(PROVISION, "sandbox", "up", "--hosts", hosts)
@@ -191,6 +210,15 @@ def main() -> None:
         profiled(args.profile / "noop-profile.txt", *playbook, "playbooks/b300.yml")
         on_host("b300-sbx", f"echo '# drift' >> {DRIFTS[0]}")
         profiled(args.profile / "drift-profile.txt", *playbook, "playbooks/b300.yml")
+        runs = {"floor": round_trips(*playbook, "bench/floor.yml")}
+        runs["no-op"] = round_trips(*playbook, "playbooks/b300.yml")
+        for path in DRIFTS:
+            on_host("b300-sbx", f"echo '# drift' >> {path}")
+            runs[f"{path} drifted"] = round_trips(*playbook, "playbooks/b300.yml")
+        report = {run: f"{run}: {sum(n for _, n in tasks)} round trip(s)" for run, tasks in runs.items()}
+        lines = [line for run, tasks in runs.items() for line in (report[run], *(f"  {n}  {t}" for t, n in tasks))]
+        (args.profile / "round-trips.txt").write_text("\n".join(lines) + "\n")
+        print("round trips to the host (ssh and sftp processes, -vvv):", "; ".join(report.values()))
     if not args.noop_only:
         timed(PROVISION, "sandbox", "down")
     n, p, f = statistics.median(noop), statistics.median(plain), statistics.median(floor)
