@@ -164,6 +164,13 @@ def test_the_play_takes_the_plans_apply_validated_from_the_environment_only(
     assert proc.returncode != 0
     assert f"{plans / 'rtx-test.json'} is not the plan provision apply recorded for 'rtx-test'" in proc.stdout
 
+    # the run that recorded them has ended (ansible-runner wrote its exit code beside them): refused, never applied
+    (tmp_path / "artifacts" / "ident").mkdir(parents=True)
+    (tmp_path / "artifacts" / "ident" / "rc").write_text("0")
+    proc = ansible_playbook(*playbook, "--limit", "b300-test", env={APPLY_PLANS_ENV: str(plans)})
+    assert proc.returncode != 0
+    assert f"{APPLY_PLANS_ENV} names the plans of a provision apply run that has ended ({plans})" in proc.stdout
+
 
 def test_apply_hands_over_its_plans_unless_extra_vars_reach_the_play(inventory: Path, tmp_path: Path, run) -> None:
     """Without -e the play takes the plans apply validated and recorded (the rules across hosts checked by apply);

@@ -37,6 +37,14 @@ def apply_plan(host: str) -> dict[str, Any] | None:
     where = apply_plans_dir()
     if where is None:
         return None
+    # The plans stand for the run that recorded them, while it runs: ansible-runner writes the run's exit code
+    # (artifacts/IDENT/rc, beside plans/) once the playbook has ended. A name left in a shell, or a re-run of the
+    # record through ansible-runner, would otherwise apply plans the inventory may have moved away from.
+    if any(where.parent.glob("artifacts/*/rc")):
+        raise HandoffError(
+            f"{APPLY_PLANS_ENV} names the plans of a provision apply run that has ended ({where}); allowed: the "
+            f"plans of the run in progress, or {APPLY_PLANS_ENV} unset, and the play resolves every plan itself"
+        )
     path = where / f"{file_name(host)}.json"
     try:
         plan = json.loads(path.read_text())

@@ -12,6 +12,7 @@ description:
     (the run record's C(plans/HOST.json), named by the control node's C(DFLASH_APPLY_PLANS), which no inventory or
     variable can set), taken as it is unless the unit is rendered for another systemd than apply rendered it for.
     Apply names it only where no C(-e) reaches the play (an extra variable could change what the play resolves).
+    The plans of a run that has ended (ansible-runner wrote its exit code in the record) are refused.
 options:
   systemd_version:
     description:
