@@ -268,14 +268,17 @@ def test_a_roles_cheap_check_templates_its_own_comparison_only_where_it_is_used(
     each time it is templated."""
     plays = []
     for role in LOOKING_ROLES:
-        mark = f"{{{{ lookup('ansible.builtin.pipe', 'echo x >> {tmp_path}/' ~ todo_mark) }}}}"
+        # an empty list, as a converged comparison is
+        mark = f"{{{{ [lookup('ansible.builtin.pipe', 'echo x >> {tmp_path}/' ~ todo_mark)] | select | list }}}}"
         # the play's answer for the role; the play's answer without it (the role looked again); none (run alone)
         looks = {"answered": {"dflash_look_differs": {role: []}}, "own": {"dflash_look_differs": {}}, "alone": {}}
         plays.append({
             "name": role, "hosts": "localhost", "connection": "local", "gather_facts": False,
             "vars_files": [str(ROOT / "roles" / role / "vars" / "main.yml")],
             "tasks": [{"name": look, "ansible.builtin.debug": {"msg": f"{{{{ __{role}_todo }}}}"},
-                       "vars": {**given, f"__{role}_differs": mark, "todo_mark": f"{role}-{look}"}}
+                       # the driver's own answer is its refusals and its comparison: none refused here
+                       "vars": {**given, f"__{role}_differs": mark, f"__{role}_refusals": [],
+                                "todo_mark": f"{role}-{look}"}}
                       for look, given in looks.items()],
         })  # fmt: skip
     playbook = tmp_path / "todo.yml"

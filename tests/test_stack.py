@@ -170,6 +170,10 @@ def test_a_drifted_file_no_later_role_reads_is_put_back_without_a_second_look(fr
     assert "Ship the ahead-of-time compile check" in ran
     # the script lies in a directory later roles check, but none reads the script: the play's look still holds
     assert RELOOK not in ran, ran
+    # the driver's part was as the look found it (install off): its report, said once, and the role ends at once
+    assert "Say that the install is off, and what the play's look found" in ran, ran
+    assert "Refuse the control node, and what the argument spec cannot check" not in ran, ran
+    assert out.count("driver check skipped: nvidia-smi is not installed") == 1, out
 
 
 def test_a_package_removed_from_the_venv_is_installed_again(fresh_hosts, applied) -> None:
