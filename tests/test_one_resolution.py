@@ -301,3 +301,38 @@ def test_only_the_tools_own_playbooks_may_define_other_dflash_variables() -> Non
     for elsewhere in (paths.playbooks() / "group_vars" / "all.yml", Path("/etc/ansible/group_vars/all.yml")):
         with pytest.raises(InputError, match="dflash_differs: unknown variable"):
             names_checked(elsewhere)
+
+
+def test_the_roles_get_the_plans_values_as_facts_and_every_one_is_a_role_parameter(inventory: Path, plan_json) -> None:
+    """The resolve step sets each role's parameters as the host's facts, read off the plan (role_vars): every name
+    is a parameter of a role the deploy play runs (none a role would never read), every required parameter of
+    those roles is among them, and the play sets exactly what role_vars gives for the plan `provision plan`
+    prints."""
+    from provision import paths
+    from provision.ansible.role_vars import role_vars
+
+    play = yaml.safe_load((paths.playbooks() / "deploy.yml").read_text())
+    roles = [entry["role"] for entry in play[1]["roles"]]
+    options: dict[str, dict] = {}
+    required: set[str] = set()
+    for role in roles:
+        spec = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())
+        role_options = spec["argument_specs"]["main"]["options"]
+        options |= role_options
+        required |= {name for name, option in role_options.items() if option.get("required")}
+    plan = plan_json("--host", "b300-test", "--inventory", str(inventory))
+    params = role_vars(plan, str(paths.standin()))
+    assert set(params) <= set(options), set(params) - set(options)
+    assert required <= set(params), required - set(params)
+    assert params["sglang_service_unit"] == plan["unit"] and params["python_env_venv"] == plan["python_env"]["venv"]
+    assert params["model_store_python"] == plan["config"]["service"]["venv"] + "/bin/python3"
+
+    proc = ansible_playbook("-i", str(inventory), "playbooks/b300.yml", "--tags", "plan", "--check",
+                            callback="minimal")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    marker, decoder, pos, facts = "b300-test | SUCCESS => ", json.JSONDecoder(), 0, {}
+    while "dflash_plan" not in facts and (pos := proc.stdout.find(marker, pos)) != -1:
+        pos += len(marker)
+        facts = decoder.raw_decode(proc.stdout, pos)[0].get("ansible_facts", {})
+    assert facts.get("dflash_plan") == plan
+    assert {name: facts.get(name) for name in params} == params

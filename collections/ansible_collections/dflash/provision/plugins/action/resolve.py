@@ -9,6 +9,7 @@ from ansible.plugins.action import ActionBase
 
 from provision import paths
 from provision.ansible.handoff import CLI_SET_VAR, HandoffError, apply_plan, apply_plans_dir
+from provision.ansible.role_vars import role_vars
 from provision.errors import InputError
 
 # Ansible loads this plugin in its main process, which forks a worker per task. Outside apply, every host resolves
@@ -53,9 +54,8 @@ class ActionModule(ActionBase):
             except InputError as err:
                 return {**result, "failed": True, "msg": str(err)}
             given = plan.model_dump(mode="json")
-        facts = {
-            "dflash_plan": given,
-            # where this control node keeps the SGLang stand-in, which hosts without GPUs run
-            "dflash_standin_src": str(paths.standin()),
-        }
+        # where this control node keeps the SGLang stand-in, which hosts without GPUs run
+        standin = str(paths.standin())
+        # the roles' parameters as values, read off the plan here (provision.ansible.role_vars says why)
+        facts = {**role_vars(given, standin), "dflash_plan": given, "dflash_standin_src": standin}
         return {**result, "changed": False, "ansible_facts": facts}

@@ -32,7 +32,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ansible_facts:
-  description: C(dflash_plan), the resolved plan (hardware, toolkit, driver floor, env, argv, unit).
+  description: >-
+    C(dflash_plan), the resolved plan (hardware, toolkit, driver floor, env, argv, unit); C(dflash_standin_src);
+    and the deploy play's role parameters (C(sglang_service_unit), C(python_env_venv), ...), each the value of the
+    plan that provision/ansible/role_vars.py names.
   returned: success
   type: dict
 """
