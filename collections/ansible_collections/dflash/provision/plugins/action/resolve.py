@@ -17,6 +17,12 @@ from provision.errors import InputError
 # whose unit is rendered again for its own systemd (pydantic's import: about 0.15 s).
 if apply_plans_dir() is None:
     import provision.planning.resolve  # noqa: F401
+    from provision.model import tables
+
+    # and the tables every plan reads (compat.yml, the SGLang builds and their parsers), parsed once here too
+    # rather than again in each worker that validates plans (the resolve's, the fleet check's)
+    for table in (tables.compat, tables.builds, tables.parsers):
+        table()
 
 
 class ActionModule(ActionBase):
