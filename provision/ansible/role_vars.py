@@ -2,9 +2,11 @@
 
 The resolve action sets them as the host's facts beside dflash_plan, as values: each role reads its parameters as
 data, where play vars of the form "{{ dflash_plan.… }}" were templates that Ansible 2.19 compiles again every time
-a variable names them (hundreds of times in the one look and the decision of a re-apply). Facts rank above play
-vars and the inventory, as those play vars did; `-e` and the variables a role gives an included role rank above
-them. Light on purpose, like provision.ansible.handoff: the action loads this in Ansible's main process.
+a variable names them (hundreds of times in the one look and the decision of a re-apply). As host facts they rank
+above the inventory and the roles' defaults, as those play vars did: a host's inventory cannot bend a parameter.
+Play vars, role vars, task vars (a role's include of python_env) and `-e` rank above them; the play and the roles'
+vars define none of these names. Light on purpose, like provision.ansible.handoff: the action loads this in
+Ansible's main process.
 """
 
 from __future__ import annotations
