@@ -204,6 +204,17 @@ def test_both_hosts_hold_the_same_complete_bytecode_and_python_uses_it(pair) -> 
     assert not [line for line in loaded if line.endswith(".py'") and "site-packages" in line], loaded
 
 
+@sandbox_marks
+def test_one_host_asks_the_parser_for_both_and_both_remember_its_answer(pair) -> None:
+    out, hosts = pair
+    asked = statuses(out, "Ask the build's parser, on one host of those that agree")
+    # the same venv and command on both: one asks, the other takes its answer
+    assert sorted(asked.values()) == ["ok", "skipped"], asked
+    assert set(asked) == set(hosts)
+    remembered = {on(host, f"cat {VENV}/.dflash/sglang-argcheck").stdout for host in hosts.values()}
+    assert len(remembered) == 1 and json.loads(remembered.pop())["args"], remembered
+
+
 # The host Python's sitecustomize (Debian's, under /etc) gains an exit for a `python -c` in the service venv that a
 # shell started: the install's compile_missing.py (ensurepip's `python -c` is started by Python). The original is
 # kept in /root to put back. Prints the file changed.
