@@ -4,7 +4,9 @@ Each sandbox host runs in a cgroup of its own; its cgroup v2 `cpu.stat` counts t
 host (the modules, pip, apt, the server). This samples every host's count 4 times a second during a cold
 apply (bench/apply_speed.py's `apply_cold`) and charges each task the CPU its host used while the task ran
 (ansible-runner's events give each task's start and end per host). It prints the run's wall time, the
-machine's busy CPU, each host's, and the rest (the control node, the apt proxy), then the tasks by CPU.
+machine's busy CPU, each host's, and the rest (the control node, the apt proxy), then the tasks by CPU, then
+the tasks by the cores they left idle (from the first host's start to the last host's end): where the
+machine waited, work could overlap.
 
 Usage: .venv/bin/python bench/fleet_cpu.py [COUNT ...]   (default: 1 3; PROVISION_SANDBOX_ID picks the sandbox)
 """
@@ -12,6 +14,7 @@ Usage: .venv/bin/python bench/fleet_cpu.py [COUNT ...]   (default: 1 3; PROVISIO
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -33,9 +36,12 @@ def host_cpu_s(cgroup: str) -> float:
     return int(stat.split("usage_usec ", 1)[1].split()[0]) / 1e6
 
 
+MACHINE = "(the machine)"
+
+
 def sample(hosts: list[layout.SandboxHost], into: list[tuple[float, dict[str, float]]], stop: threading.Event) -> None:
     while not stop.wait(0.25):
-        into.append((time.time(), {h.name: host_cpu_s(h.cgroup) for h in hosts}))
+        into.append((time.time(), {MACHINE: busy_cpu_s()} | {h.name: host_cpu_s(h.cgroup) for h in hosts}))
 
 
 def cpu_at(samples: list[tuple[float, dict[str, float]]], when: float, host: str) -> float:
@@ -66,6 +72,7 @@ def main() -> None:
               + ", ".join(f"{name} {s:.1f} s" for name, s in used.items())
               + f"; the rest (control node, apt proxy) {busy - sum(used.values()):.1f} s")  # fmt: skip
         per_task: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        spans: dict[tuple[str, str], tuple[float, float]] = {}
         for path in state.glob("*/artifacts/*/job_events/*.json"):
             event = json.loads(path.read_text())
             data = event.get("event_data", {})
@@ -74,9 +81,21 @@ def main() -> None:
                 per_task[data["task"]][data["host"]] += cpu_at(samples, end, data["host"]) - cpu_at(
                     samples, start, data["host"]
                 )
+                # by the task's own id: tasks of one name in several roles are apart in time
+                key = (data["task_uuid"], f"{data.get('role', '')}: {data['task']}")
+                first, last = spans.get(key, (start, end))
+                spans[key] = (min(first, start), max(last, end))
         for task, by_host in sorted(per_task.items(), key=lambda kv: -sum(kv[1].values()))[:25]:
             cells = " ".join(f"{by_host.get(name, 0):5.1f}" for name in used)
             print(f"  {sum(by_host.values()):6.1f} s | {cells} | {task}")
+        cores = os.cpu_count() or 1
+        idle = {
+            key: (cores * (end - start) - cpu_at(samples, end, MACHINE) + cpu_at(samples, start, MACHINE), end - start)
+            for key, (start, end) in spans.items()
+        }
+        print(f"  idle core-seconds by task ({cores} cores; of {cores * wall - busy:.1f} s in all):")
+        for (_, task), (lost, span) in sorted(idle.items(), key=lambda kv: -kv[1][0])[:20]:
+            print(f"  {lost:6.1f} s idle over {span:6.1f} s | {task}")
 
 
 if __name__ == "__main__":
