@@ -29,6 +29,7 @@ from apply_speed import apply_cold, busy_cpu_s, fresh
 from provision.sandbox import layout
 
 RESULTS = ("runner_on_ok", "runner_on_failed", "runner_on_skipped")
+STARTS = ("playbook_on_task_start", "playbook_on_handler_task_start")
 
 
 def host_cpu_s(cgroup: str) -> float:
@@ -72,19 +73,28 @@ def main() -> None:
               + ", ".join(f"{name} {s:.1f} s" for name, s in used.items())
               + f"; the rest (control node, apt proxy) {busy - sum(used.values()):.1f} s")  # fmt: skip
         per_task: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        spans: dict[tuple[str, str], tuple[float, float]] = {}
-        for path in state.glob("*/artifacts/*/job_events/*.json"):
-            event = json.loads(path.read_text())
-            data = event.get("event_data", {})
-            if event["event"] in RESULTS and data.get("host") in used and data.get("start") and data.get("end"):
-                start, end = (datetime.fromisoformat(data[k]).timestamp() for k in ("start", "end"))
-                per_task[data["task"]][data["host"]] += cpu_at(samples, end, data["host"]) - cpu_at(
-                    samples, start, data["host"]
-                )
-                # by the task's own id: tasks of one name in several roles are apart in time
-                key = (data["task_uuid"], f"{data.get('role', '')}: {data['task']}")
-                first, last = spans.get(key, (start, end))
-                spans[key] = (min(first, start), max(last, end))
+        spans: dict[tuple[str, str, int, str], tuple[float, float]] = {}
+        for events_dir in state.glob("*/artifacts/*/job_events"):
+            events = sorted((json.loads(p.read_text()) for p in events_dir.glob("*.json")), key=lambda e: e["counter"])
+            runs: dict[str, int] = defaultdict(int)  # a handler notified twice runs twice under one task id
+            for event in events:
+                data = event.get("event_data", {})
+                if event["event"] in STARTS:
+                    runs[data["task_uuid"]] += 1
+                if event["event"] in RESULTS and data.get("host") in used and data.get("start") and data.get("end"):
+                    start, end = (datetime.fromisoformat(data[k]).timestamp() for k in ("start", "end"))
+                    per_task[data["task"]][data["host"]] += cpu_at(samples, end, data["host"]) - cpu_at(
+                        samples, start, data["host"]
+                    )
+                    # by the task's own run: tasks of one name in several roles are apart in time
+                    key = (
+                        str(events_dir),
+                        data["task_uuid"],
+                        runs[data["task_uuid"]],
+                        f"{data.get('role', '')}: {data['task']}",
+                    )
+                    first, last = spans.get(key, (start, end))
+                    spans[key] = (min(first, start), max(last, end))
         for task, by_host in sorted(per_task.items(), key=lambda kv: -sum(kv[1].values()))[:25]:
             cells = " ".join(f"{by_host.get(name, 0):5.1f}" for name in used)
             print(f"  {sum(by_host.values()):6.1f} s | {cells} | {task}")
@@ -94,7 +104,7 @@ def main() -> None:
             for key, (start, end) in spans.items()
         }
         print(f"  idle core-seconds by task ({cores} cores; of {cores * wall - busy:.1f} s in all):")
-        for (_, task), (lost, span) in sorted(idle.items(), key=lambda kv: -kv[1][0])[:20]:
+        for (*_, task), (lost, span) in sorted(idle.items(), key=lambda kv: -kv[1][0])[:20]:
             print(f"  {lost:6.1f} s idle over {span:6.1f} s | {task}")
 
 
