@@ -30,14 +30,13 @@ from provision.sandbox import layout
 
 RESULTS = ("runner_on_ok", "runner_on_failed", "runner_on_skipped")
 STARTS = ("playbook_on_task_start", "playbook_on_handler_task_start")
+# the key of the machine's own busy CPU among the hosts' samples
+MACHINE = "(the machine)"
 
 
 def host_cpu_s(cgroup: str) -> float:
     stat = Path("/sys/fs/cgroup/unified", cgroup, "cpu.stat").read_text()
     return int(stat.split("usage_usec ", 1)[1].split()[0]) / 1e6
-
-
-MACHINE = "(the machine)"
 
 
 def sample(hosts: list[layout.SandboxHost], into: list[tuple[float, dict[str, float]]], stop: threading.Event) -> None:
